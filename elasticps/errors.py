@@ -1,0 +1,21 @@
+"""Exceptions raised by elasticps, each naming what went wrong."""
+
+
+class ElasticPSError(Exception):
+    """Base class of every elasticps error."""
+
+
+class ProgramError(ElasticPSError, ValueError):
+    """The training program or its reference is invalid."""
+
+
+class ConfigError(ElasticPSError, ValueError):
+    """A runtime configuration or rescale request is invalid."""
+
+
+class PlacementError(ElasticPSError):
+    """A task could not be placed on its node within the timeout."""
+
+
+class JobFailedError(ElasticPSError):
+    """The job cannot continue (user code raised, or nothing is left to run it)."""

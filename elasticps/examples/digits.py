@@ -1,0 +1,65 @@
+"""Handwritten digits (scikit-learn's 8x8 set, shipped with the package): a real task.
+
+``program()`` trains an MLP to >= 0.95 held-out accuracy in a few epochs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from elasticps.program import TrainingProgram
+
+_SPLIT_SEED = 1234
+_TEST_FRACTION = 0.25
+
+
+def _split() -> tuple[TensorDataset, TensorDataset]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = x.astype("float32") / 16.0
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=_TEST_FRACTION, random_state=_SPLIT_SEED, stratify=y)
+
+    def to_ds(a, b):
+        return TensorDataset(torch.from_numpy(a), torch.from_numpy(b).long())
+
+    return to_ds(x_tr, y_tr), to_ds(x_te, y_te)
+
+
+def train_set() -> TensorDataset:
+    return _split()[0]
+
+
+def test_set() -> TensorDataset:
+    return _split()[1]
+
+
+def mlp(hidden: int = 128) -> nn.Module:
+    return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+
+def accuracy(out: torch.Tensor, target: torch.Tensor) -> float:
+    return float((out.argmax(dim=1) == target).float().mean())
+
+
+def program(
+    epochs: int = 20, batch_size: int = 64, optimizer: str = "sgd", lr: float | None = None, seed: int = 0
+) -> TrainingProgram:
+    kwargs = {"momentum": 0.9} if optimizer == "sgd" else {}
+    return TrainingProgram(
+        name="digits-mlp",
+        model=mlp,
+        dataset=train_set,
+        eval_dataset=test_set,
+        loss=nn.functional.cross_entropy,
+        metric=accuracy,
+        optimizer=optimizer,
+        optimizer_kwargs=kwargs,
+        lr=lr if lr is not None else (0.05 if optimizer == "sgd" else 1e-3),
+        batch_size=batch_size,
+        epochs=epochs,
+        seed=seed,
+    )

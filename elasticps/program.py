@@ -1,0 +1,149 @@
+"""The training-program interface: what a user hands to elasticps.
+
+A program is plain data plus factories. Each worker process builds its own
+model and dataset from the factories, so they must be importable or picklable
+(cloudpickle handles closures and lambdas defined in ``__main__``).
+
+Split invariance: in ``sync`` mode the update at step t is the same for any
+number of PS shards and workers. That holds when the model's output for a sample
+does not depend on the other samples of the batch (no BatchNorm in training
+mode) and the forward pass is deterministic (no dropout), and when ``loss``
+returns the *mean* over the samples it is given.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from elasticps.errors import ProgramError
+
+#: Optimizers whose update is elementwise, so sharding the flat parameter vector
+#: across PS tasks gives exactly the single-process update.
+ELEMENTWISE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "sgd": torch.optim.SGD,
+    "adam": torch.optim.Adam,
+    "adamw": torch.optim.AdamW,
+    "rmsprop": torch.optim.RMSprop,
+    "adagrad": torch.optim.Adagrad,
+}
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Metric = Callable[[torch.Tensor, torch.Tensor], float]
+
+
+@dataclass(frozen=True)
+class TrainingProgram:
+    """A PyTorch training job for the elastic PS runtime.
+
+    Attributes:
+        name: short name shown in reports.
+        model: zero-argument factory returning a fresh ``torch.nn.Module``.
+            Called after ``torch.manual_seed(seed)``, so the initial parameters
+            are reproducible.
+        dataset: an indexable dataset (``len`` and ``__getitem__`` returning
+            ``(input, target)``), or a zero-argument factory returning one.
+            ``torch.utils.data.TensorDataset`` is indexed in one vectorised call.
+        loss: ``loss(output, target)`` returning the mean loss of the samples.
+        eval_dataset: optional held-out dataset (or factory) for ``metric``.
+        metric: optional ``metric(output, target) -> float`` (e.g. accuracy),
+            averaged over ``eval_dataset`` at the end of every epoch.
+        optimizer: one of :data:`ELEMENTWISE_OPTIMIZERS`.
+        optimizer_kwargs: extra arguments (e.g. ``{"momentum": 0.9}``).
+        lr: learning rate.
+        batch_size: the global batch size M, split across the workers.
+        epochs: passes over ``dataset``.
+        seed: seeds the initial parameters and the data order.
+    """
+
+    name: str
+    model: Callable[[], torch.nn.Module]
+    dataset: Any
+    loss: Loss
+    lr: float
+    batch_size: int
+    epochs: int
+    optimizer: str = "sgd"
+    optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    eval_dataset: Any = None
+    metric: Metric | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ELEMENTWISE_OPTIMIZERS:
+            raise ProgramError(
+                f"optimizer {self.optimizer!r} is not supported; choose one of "
+                f"{sorted(ELEMENTWISE_OPTIMIZERS)} (elementwise optimizers shard exactly)"
+            )
+        if not callable(self.model):
+            raise ProgramError("model must be a zero-argument factory returning a torch.nn.Module")
+        if not callable(self.loss):
+            raise ProgramError("loss must be callable as loss(output, target)")
+        if self.batch_size < 1:
+            raise ProgramError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.epochs < 1:
+            raise ProgramError(f"epochs must be >= 1, got {self.epochs}")
+        if not self.lr > 0:
+            raise ProgramError(f"lr must be > 0, got {self.lr}")
+        if (self.metric is None) != (self.eval_dataset is None):
+            raise ProgramError("metric and eval_dataset must be given together")
+
+    def build_model(self) -> torch.nn.Module:
+        """The model with the program's reproducible initial parameters."""
+        torch.manual_seed(self.seed)
+        model = self.model()
+        if not isinstance(model, torch.nn.Module):
+            raise ProgramError(f"model factory returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+
+    def build_dataset(self) -> Any:
+        return _materialize(self.dataset, "dataset")
+
+    def build_eval_dataset(self) -> Any:
+        return None if self.eval_dataset is None else _materialize(self.eval_dataset, "eval_dataset")
+
+    def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        cls = ELEMENTWISE_OPTIMIZERS[self.optimizer]
+        try:
+            return cls(params, lr=self.lr, **self.optimizer_kwargs)
+        except TypeError as exc:
+            raise ProgramError(f"bad optimizer_kwargs for {self.optimizer}: {exc}") from exc
+
+
+def _materialize(obj: Any, what: str) -> Any:
+    data = obj() if callable(obj) and not hasattr(obj, "__getitem__") else obj
+    if not hasattr(data, "__getitem__") or not hasattr(data, "__len__"):
+        raise ProgramError(f"{what} must support len() and indexing, got {type(data).__name__}")
+    if len(data) == 0:
+        raise ProgramError(f"{what} is empty")
+    return data
+
+
+def load_program(ref: str | TrainingProgram) -> TrainingProgram:
+    """Resolve ``"package.module:attr"`` to a program.
+
+    ``attr`` may be a :class:`TrainingProgram` or a zero-argument callable
+    returning one.
+    """
+    if isinstance(ref, TrainingProgram):
+        return ref
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ProgramError(f"program reference {ref!r} must look like 'package.module:attr'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ProgramError(f"cannot import module {module_name!r} for program {ref!r}: {exc}") from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError as exc:
+        raise ProgramError(f"module {module_name!r} has no attribute {attr!r}") from exc
+    if callable(obj) and not isinstance(obj, TrainingProgram):
+        obj = obj()
+    if not isinstance(obj, TrainingProgram):
+        raise ProgramError(f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram")
+    return obj

@@ -1,0 +1,94 @@
+"""Atomic checkpoints of a job: parameters, optimizer state, step, data position.
+
+A checkpoint is one ``.npz`` file, written to a temporary name, flushed to disk
+and renamed into place, so a reader sees either the previous checkpoint or the
+new one, never a torn file. The data order and the workers' RNG are functions
+of ``(seed, epoch)`` and ``(seed, step)``, so ``seed``, ``step`` and the data
+position are the whole RNG state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from elasticps.runtime.data import DataPosition
+from elasticps.runtime.shard_state import ShardState
+
+_NAME = re.compile(r"^ckpt-(\d{10})\.npz$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    position: DataPosition
+    state: ShardState
+    seed: int
+    optimizer: str
+    samples_seen: int
+
+
+class CheckpointStore:
+    """A directory of checkpoints, keeping the newest ``keep``."""
+
+    def __init__(self, directory: str | os.PathLike[str], keep: int = 2) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.keep = max(1, keep)
+
+    def save(self, ckpt: Checkpoint) -> Path:
+        meta = {
+            "step": ckpt.step,
+            "epoch": ckpt.position.epoch,
+            "cursor": ckpt.position.cursor,
+            "seed": ckpt.seed,
+            "optimizer": ckpt.optimizer,
+            "samples_seen": ckpt.samples_seen,
+            "scalars": ckpt.state.scalars,
+            "vectors": sorted(ckpt.state.vectors),
+        }
+        arrays = {"params": ckpt.state.params}
+        arrays.update({f"opt__{k}": v for k, v in ckpt.state.vectors.items()})
+        final = self.dir / f"ckpt-{ckpt.step:010d}.npz"
+        tmp = self.dir / f".tmp-{os.getpid()}-{ckpt.step}.npz"
+        with open(tmp, "wb") as f:
+            np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        dir_fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        for old in self._all()[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return final
+
+    def _all(self) -> list[Path]:
+        return sorted(p for p in self.dir.iterdir() if _NAME.match(p.name))
+
+    def latest(self) -> Checkpoint | None:
+        files = self._all()
+        if not files:
+            return None
+        with np.load(files[-1], allow_pickle=False) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            state = ShardState(
+                params=data["params"].copy(),
+                vectors={k: data[f"opt__{k}"].copy() for k in meta["vectors"]},
+                scalars=dict(meta["scalars"]),
+            )
+        return Checkpoint(
+            step=meta["step"],
+            position=DataPosition(meta["epoch"], meta["cursor"]),
+            state=state,
+            seed=meta["seed"],
+            optimizer=meta["optimizer"],
+            samples_seen=meta["samples_seen"],
+        )

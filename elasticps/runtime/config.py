@@ -1,0 +1,79 @@
+"""Runtime configuration of one job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from elasticps.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TaskResources:
+    """What one PS or worker task asks of Ray."""
+
+    cpu: float = 1.0
+    gpu: float = 0.0
+    memory_bytes: int = 0
+
+    def ray_options(self) -> dict[str, float | int]:
+        opts: dict[str, float | int] = {"num_cpus": self.cpu, "num_gpus": self.gpu}
+        if self.memory_bytes:
+            opts["memory"] = self.memory_bytes
+        return opts
+
+    def as_ray_resources(self) -> dict[str, float]:
+        res = {"CPU": self.cpu}
+        if self.gpu:
+            res["GPU"] = self.gpu
+        if self.memory_bytes:
+            res["memory"] = float(self.memory_bytes)
+        return res
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """How the runtime runs a job (the program says *what* it trains).
+
+    Attributes:
+        mode: ``sync`` (bulk-synchronous; exact for any shape) or ``async``
+            (each worker's gradient applied as soon as it arrives).
+        max_staleness: ``async`` only: a gradient computed on parameters more
+            than this many updates old is discarded (None: no bound).
+        checkpoint_dir: where checkpoints go; None disables them (and with
+            them recovery from a lost PS shard, which then restarts at step 0).
+        checkpoint_every_steps: steps between periodic checkpoints (0: only at
+            the end of epochs and of the job).
+        report_interval_s: length of one aggregated progress window.
+        placement_timeout_s: how long a task may wait for room on its node
+            before the request fails with :class:`PlacementError`.
+        liveness_timeout_s: how long a task may take to answer a ping after a
+            failure before it is declared dead.
+        replace_dead_workers: start a replacement when a worker dies.
+        ps_resources / worker_resources: what each task asks of Ray.
+        ps_threads / worker_threads: torch intra-op threads per task.
+    """
+
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: int | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every_steps: int = 100
+    report_interval_s: float = 5.0
+    placement_timeout_s: float = 60.0
+    liveness_timeout_s: float = 10.0
+    replace_dead_workers: bool = True
+    ps_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
+    worker_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
+    ps_threads: int = 1
+    worker_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise ConfigError(f"mode must be 'sync' or 'async', got {self.mode!r}")
+        if self.max_staleness is not None and (self.mode != "async" or self.max_staleness < 0):
+            raise ConfigError("max_staleness needs mode='async' and a value >= 0")
+        if self.checkpoint_every_steps < 0:
+            raise ConfigError("checkpoint_every_steps must be >= 0")
+        for name in ("report_interval_s", "placement_timeout_s", "liveness_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0")

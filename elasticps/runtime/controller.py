@@ -1,0 +1,833 @@
+"""The job controller: drives steps, applies rescales at step boundaries, recovers.
+
+One controller runs one job. Its loop is the only code that talks to the job's
+actors; :meth:`JobController.rescale`, :meth:`report` and :meth:`stop` may be
+called from other threads (or, with :func:`elasticps.runtime.remote_job`, from
+other processes) and only leave requests or read snapshots.
+
+Per ``sync`` step t with P shards and W workers::
+
+    worker w: params <- ray.get(param refs of step t)      (pull)
+              g_w    <- grad(sum of loss over its samples) / M   (compute)
+              returns [stats, g_w[shard 0], ..., g_w[shard P-1]]  (push)
+    shard j:  p_j    <- opt(p_j, sum_w g_w[shard j])        (update)
+              returns p_j, which are the param refs of step t+1
+
+The sum over workers is the global-batch mean gradient whatever W is, and the
+optimizers are elementwise, so the update does not depend on (P, W).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from elasticps.errors import ConfigError, JobFailedError, PlacementError
+from elasticps.program import TrainingProgram, load_program
+from elasticps.runtime import tasks
+from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore
+from elasticps.runtime.config import JobConfig
+from elasticps.runtime.data import DataPosition, GlobalBatches, fetch_batch, split_evenly
+from elasticps.runtime.flat import flat_params, shard_bounds
+from elasticps.runtime.reports import (
+    EpochReport,
+    GradientSample,
+    JobReport,
+    RescaleRecord,
+    StepTimes,
+    WindowReport,
+    noise_scale,
+    pair_key,
+)
+from elasticps.runtime.shard_state import ShardState, concat_shards
+
+log = logging.getLogger("elasticps.runtime")
+
+MAX_WINDOWS = 2000
+MAX_EVENTS = 500
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A requested job shape: counts and optional pins ``{task name: node id}``."""
+
+    num_ps: int
+    num_workers: int
+    placement: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _PendingChange:
+    request_id: int
+    shape: Shape
+    new_ps: dict[int, tasks.PendingTask]
+    new_workers: dict[int, tasks.PendingTask]
+    launched_at: float
+    reason: str
+
+
+@dataclass
+class _Window:
+    start: float
+    first_step: int
+    steps: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    times: StepTimes = field(default_factory=StepTimes)
+
+
+def task_name(kind: str, index: int) -> str:
+    return f"{kind}-{index}"
+
+
+def worker_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of a worker's torch RNG at a step (dropout masks and the like)."""
+    return (seed * 1_000_003 + step * 7919 + rank) % (2**63)
+
+
+class JobController:
+    """Runs one training job on Ray with a changeable number of PS and workers."""
+
+    def __init__(
+        self,
+        program: TrainingProgram | str,
+        config: JobConfig | None = None,
+        num_ps: int = 1,
+        num_workers: int = 1,
+        placement: dict[str, str] | None = None,
+        on_window: Callable[[WindowReport], None] | None = None,
+        on_epoch: Callable[[EpochReport], None] | None = None,
+    ) -> None:
+        self.program = load_program(program)
+        self.config = config or JobConfig()
+        self._check_shape(num_ps, num_workers, placement or {})
+        self._lock = threading.RLock()
+        self._target = Shape(num_ps, num_workers, dict(placement or {}))
+        self._request_id = 0
+        self._applied_request = 0
+        self._stop = threading.Event()
+        self._on_window = on_window
+        self._on_epoch = on_epoch
+        self._store = CheckpointStore(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
+
+        self.ps: list[tasks.Task] = []
+        self.workers: list[tasks.Task] = []
+        self._pending: _PendingChange | None = None
+        self._param_refs: list[Any] = []
+        self._bounds: list[tuple[int, int]] = []
+        self._numel = 0
+        self.step = 0
+        self.position = DataPosition(0, 0)
+        self.samples_seen = 0
+        self.state = "created"
+        self.error: str | None = None
+
+        self._batches: GlobalBatches | None = None
+        self._eval_model: torch.nn.Module | None = None
+        self._eval_data: Any = None
+        self._window: _Window | None = None
+        self._windows: list[WindowReport] = []
+        self._epochs: list[EpochReport] = []
+        self._rescales: list[RescaleRecord] = []
+        self._events: list[str] = []
+        self._grad_samples: list[GradientSample] = []
+        self._epoch_grad_samples: list[GradientSample] = []
+        self._bytes: dict[str, int] = {}
+        self._epoch_start = (0.0, 0)
+        self._last_ckpt_step = -1
+
+    # ------------------------------------------------------------------ API
+    def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str] | None = None) -> int:
+        """Ask for a new shape; it takes effect at a step boundary once its tasks run.
+
+        Returns a request id for :meth:`wait_rescale`. A newer request replaces
+        one not yet applied. Pins to unknown or too-small nodes fail at once.
+        """
+        placement = dict(placement or {})
+        self._check_shape(num_ps, num_workers, placement)
+        if placement:
+            nodes = tasks.alive_nodes()
+            for name, node in placement.items():
+                res = self.config.ps_resources if name.startswith("ps-") else self.config.worker_resources
+                tasks.check_fits(name, node, res, nodes)
+        with self._lock:
+            self._request_id += 1
+            self._target = Shape(num_ps, num_workers, placement)
+            return self._request_id
+
+    def wait_rescale(self, request_id: int, timeout_s: float = 120.0) -> RescaleRecord:
+        """Block until request ``request_id`` is applied; raise if it failed."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                for rec in self._rescales:
+                    if rec.request_id == request_id:
+                        if not rec.ok:
+                            raise PlacementError(rec.error or "rescale failed")
+                        return rec
+                if self._applied_request > request_id or self.state in ("failed", "finished", "stopped"):
+                    raise ConfigError(f"rescale request {request_id} was superseded or the job ended")
+            time.sleep(0.02)
+        raise TimeoutError(f"rescale request {request_id} not applied within {timeout_s:g} s")
+
+    def stop(self) -> None:
+        """Leave the loop at the next step boundary (a checkpoint is written)."""
+        self._stop.set()
+
+    def report(self) -> JobReport:
+        with self._lock:
+            return JobReport(
+                name=self.program.name,
+                state=self.state,
+                mode=self.config.mode,
+                step=self.step,
+                epoch=self.position.epoch,
+                cursor=self.position.cursor,
+                epochs=self.program.epochs,
+                samples_seen=self.samples_seen,
+                num_ps=len(self.ps),
+                num_workers=len(self.workers),
+                target_shape=(self._target.num_ps, self._target.num_workers),
+                placement=self.placement(),
+                windows=list(self._windows),
+                epoch_reports=list(self._epochs),
+                rescales=list(self._rescales),
+                events=list(self._events),
+                gradient_samples=list(self._grad_samples[-200:]),
+                bytes_between_nodes=dict(self._bytes),
+                cross_node_bytes=sum(v for k, v in self._bytes.items() if _crosses(k)),
+                error=self.error,
+            )
+
+    def placement(self) -> dict[str, str]:
+        """Where every task runs: ``{"ps-0": node id, "worker-0": node id, ...}``."""
+        out = {task_name("ps", i): t.node_id for i, t in enumerate(self.ps)}
+        out.update({task_name("worker", i): t.node_id for i, t in enumerate(self.workers)})
+        return out
+
+    @property
+    def done(self) -> bool:
+        return self.position.epoch >= self.program.epochs
+
+    def parameters(self) -> np.ndarray:
+        """The current flat parameters (gathered from the PS shards)."""
+        return np.concatenate(ray.get(self._param_refs))
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Start the tasks and load the latest checkpoint, or the initial model."""
+        if self.state != "created":
+            return
+        dataset = self.program.build_dataset()
+        self._batches = GlobalBatches(self.program.seed, len(dataset), self.program.batch_size)
+        ckpt = self._store.latest() if self._store else None
+        if ckpt is not None:
+            self._check_checkpoint(ckpt)
+            state = ckpt.state
+            self.step, self.position, self.samples_seen = ckpt.step, ckpt.position, ckpt.samples_seen
+            self._event(f"resumed from checkpoint at step {ckpt.step} (epoch {ckpt.position.epoch})")
+        else:
+            state = ShardState(flat_params(self.program.build_model()))
+        self._numel = state.numel
+        with self._lock:
+            shape, request_id = self._target, self._request_id
+        pending = self._launch(shape, request_id, reason="start", strict=True)
+        names = [task_name("ps", i) for i in pending.new_ps] + [task_name("worker", i) for i in pending.new_workers]
+        started = tasks.wait_ready(
+            list(pending.new_ps.values()) + list(pending.new_workers.values()),
+            self.config.placement_timeout_s,
+            names,
+        )
+        self._install(pending, started, state)
+        self._applied_request = request_id
+        self._epoch_start = (time.monotonic(), self.samples_seen)
+        self.state = "running"
+        if self._store and ckpt is None:
+            self.checkpoint()
+
+    def run(self, max_steps: int | None = None) -> JobReport:
+        """Train until the job is done, ``max_steps`` more steps ran, or :meth:`stop`."""
+        try:
+            self.start()
+            first = self.step
+            while not self.done and not self._stop.is_set():
+                if max_steps is not None and self.step - first >= max_steps:
+                    break
+                self._boundary()
+                if self.config.mode == "sync":
+                    self._sync_step()
+                else:
+                    budget = None if max_steps is None else first + max_steps - self.step
+                    self._async_segment(budget)
+            self._flush_window()
+            if self.done:
+                self.state = "finished"
+            elif self._stop.is_set():
+                self.state = "stopped"
+            if self._store:
+                self.checkpoint()
+        except Exception as exc:
+            self.state = "failed"
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._event(f"failed: {self.error}")
+            raise
+        return self.report()
+
+    def run_in_thread(self, max_steps: int | None = None) -> threading.Thread:
+        """Run :meth:`run` in a daemon thread; the caller may rescale and report meanwhile.
+
+        An exception ends the thread and is kept in ``self.error`` (state ``failed``).
+        """
+
+        def target() -> None:
+            try:
+                self.run(max_steps)
+            except Exception:
+                log.exception("job %s failed", self.program.name)
+
+        thread = threading.Thread(target=target, name=f"elasticps-{self.program.name}", daemon=True)
+        thread.start()
+        return thread
+
+    def shutdown(self) -> None:
+        """Kill every task of the job (parameters live on in the checkpoints)."""
+        for t in self.ps + self.workers:
+            tasks.kill(t.handle)
+        if self._pending:
+            self._cancel_pending()
+        self.ps, self.workers, self._param_refs = [], [], []
+
+    def checkpoint(self) -> None:
+        if not self._store:
+            raise ConfigError("no checkpoint_dir configured")
+        state = self._gather_state()
+        self._store.save(
+            Checkpoint(self.step, self.position, state, self.program.seed, self.program.optimizer, self.samples_seen)
+        )
+        self._last_ckpt_step = self.step
+
+    # ------------------------------------------------------------ sync step
+    def _sync_step(self) -> None:
+        assert self._batches is not None
+        idx, next_pos = self._batches.take(self.position, self.program.batch_size)
+        t0 = time.perf_counter()
+        calls = []
+        for rank, (w, part) in enumerate(zip(self.workers, split_evenly(idx, len(self.workers)), strict=True)):
+            if len(part) == 0:
+                continue
+            refs = w.handle.step.options(num_returns=len(self.ps) + 1).remote(
+                self.step,
+                part,
+                self._param_refs,
+                self._bounds,
+                len(idx),
+                worker_seed(self.program.seed, self.step, rank),
+            )
+            calls.append((w, refs))
+        try:
+            stats = ray.get([refs[0] for _, refs in calls])
+        except ray.exceptions.RayError as exc:
+            self._recover(exc)
+            return
+        applies = [
+            ps.handle.apply.options(num_returns=2).remote(self.step, [refs[j + 1] for _, refs in calls])
+            for j, ps in enumerate(self.ps)
+        ]
+        try:
+            infos = ray.get([a[0] for a in applies])
+        except ray.exceptions.RayError as exc:
+            self._recover(exc, ps_inconsistent=True)
+            return
+        self._param_refs = [a[1] for a in applies]
+        wall = time.perf_counter() - t0
+        self._account(stats, infos, [w for w, _ in calls], wall, len(idx), big_batch=len(idx))
+        self.step += 1
+        self._advance(len(idx), next_pos)
+
+    # ----------------------------------------------------------- async steps
+    def _async_segment(self, budget: int | None) -> None:
+        """Run async steps for one report interval (or to the epoch's end), then drain.
+
+        Each worker always has one step in flight. When one returns, its
+        gradient is applied at once (unless staler than ``max_staleness``) and
+        it gets the next samples with the newest parameters. The data position
+        moves as samples are handed out; after a failure, samples that were in
+        flight are not revisited (async training is not exact anyway).
+        """
+        assert self._batches is not None
+        batches = self._batches
+        local = max(1, self.program.batch_size // len(self.workers))
+        in_flight: dict[Any, tuple[int, tasks.Task, list[Any], int, float]] = {}
+        epoch = self.position.epoch
+        segment_end = time.monotonic() + self.config.report_interval_s
+        handed_out = 0
+
+        def dispatch(rank: int, w: tasks.Task) -> None:
+            nonlocal handed_out
+            idx, nxt = batches.take(self.position, local)
+            refs = w.handle.step.options(num_returns=len(self.ps) + 1).remote(
+                self.step,
+                idx,
+                self._param_refs,
+                self._bounds,
+                len(idx),
+                worker_seed(self.program.seed, self.step, rank),
+            )
+            in_flight[refs[0]] = (rank, w, refs, self.step, time.perf_counter())
+            handed_out += 1
+            with self._lock:
+                self.position = nxt
+
+        def more() -> bool:
+            return (
+                self.position.epoch == epoch
+                and time.monotonic() < segment_end
+                and not self._stop.is_set()
+                and (budget is None or handed_out < budget)
+                and not self._pending_ready()
+            )
+
+        for rank, w in enumerate(self.workers):
+            if more():
+                dispatch(rank, w)
+        while in_flight:
+            [done], _ = ray.wait(list(in_flight), num_returns=1)
+            rank, w, refs, version, t0 = in_flight.pop(done)
+            try:
+                stats = ray.get(done)
+            except ray.exceptions.RayError as exc:
+                self._drain(in_flight)
+                self._recover(exc)
+                return
+            staleness = self.step - version
+            if self.config.max_staleness is not None and staleness > self.config.max_staleness:
+                self._event(f"discarded a gradient of staleness {staleness} from worker-{rank}")
+            else:
+                try:
+                    applies = [
+                        ps.handle.apply.options(num_returns=2).remote(self.step, [refs[j + 1]])
+                        for j, ps in enumerate(self.ps)
+                    ]
+                    infos = ray.get([a[0] for a in applies])
+                except ray.exceptions.RayError as exc:
+                    self._drain(in_flight)
+                    self._recover(exc, ps_inconsistent=True)
+                    return
+                self._param_refs = [a[1] for a in applies]
+                self._account([stats], infos, [w], time.perf_counter() - t0, stats["samples"], big_batch=0)
+                self.step += 1
+                with self._lock:
+                    self.samples_seen += stats["samples"]
+            if more():
+                dispatch(rank, w)
+        if self.position.epoch > epoch:
+            self._end_epoch(epoch)
+
+    def _drain(self, in_flight: dict[Any, Any]) -> None:
+        """Let in-flight steps finish (or fail) so that no one writes behind our back."""
+        if in_flight:
+            ray.wait(list(in_flight), num_returns=len(in_flight), timeout=self.config.liveness_timeout_s)
+        in_flight.clear()
+
+    # ---------------------------------------------------------- bookkeeping
+    def _advance(self, samples: int, next_pos: DataPosition) -> None:
+        epoch = self.position.epoch
+        with self._lock:
+            self.samples_seen += samples
+            self.position = next_pos
+        if next_pos.epoch > epoch:
+            self._end_epoch(epoch)
+
+    def _account(
+        self,
+        stats: list[dict[str, Any]],
+        infos: list[dict[str, float]],
+        workers: list[tasks.Task],
+        wall_s: float,
+        samples: int,
+        big_batch: int,
+    ) -> None:
+        n = len(stats)
+        times = StepTimes(
+            compute_s=sum(s["compute_s"] for s in stats) / n,
+            pull_s=sum(s["pull_s"] for s in stats) / n,
+            push_s=max(i["recv_s"] for i in infos),
+            update_s=max(i["update_s"] for i in infos),
+        )
+        busy = max(s["compute_s"] + s["pull_s"] for s in stats) + times.push_s + times.update_s
+        times.wait_s = max(0.0, wall_s - busy)
+        loss = sum(s["loss_sum"] for s in stats)
+        with self._lock:
+            for s, w in zip(stats, workers, strict=True):
+                for ps, pulled, pushed in zip(self.ps, s["pull_bytes"], s["push_bytes"], strict=True):
+                    down, up = pair_key(ps.node_id, w.node_id), pair_key(w.node_id, ps.node_id)
+                    self._bytes[down] = self._bytes.get(down, 0) + pulled
+                    self._bytes[up] = self._bytes.get(up, 0) + pushed
+            halves = [s for s in stats if s["batch_half"] > 0]
+            if halves:
+                small = GradientSample(
+                    batch_small=halves[0]["batch_half"],
+                    sqnorm_small=sum(s["sqnorm_half"] for s in halves) / len(halves),
+                    batch_big=big_batch or stats[0]["samples"],
+                    sqnorm_big=sum(i["grad_sqnorm"] for i in infos) if big_batch else stats[0]["sqnorm_local"],
+                )
+                self._grad_samples.append(small)
+                self._epoch_grad_samples.append(small)
+                del self._grad_samples[:-1000]
+            now = time.monotonic()
+            if self._window is None:
+                self._window = _Window(start=now - wall_s, first_step=self.step)
+            win = self._window
+            win.steps += 1
+            win.samples += samples
+            win.loss_sum += loss
+            win.times.add(times)
+            if now - win.start >= self.config.report_interval_s:
+                self._flush_window()
+
+    def _flush_window(self) -> None:
+        with self._lock:
+            win = self._window
+            if win is None or win.steps == 0:
+                return
+            elapsed = max(1e-9, time.monotonic() - win.start)
+            report = WindowReport(
+                first_step=win.first_step,
+                last_step=win.first_step + win.steps - 1,
+                steps=win.steps,
+                samples=win.samples,
+                elapsed_s=elapsed,
+                samples_per_s=win.samples / elapsed,
+                loss=win.loss_sum / max(1, win.samples),
+                mean_step_times=win.times.scaled(1.0 / win.steps),
+                num_ps=len(self.ps),
+                num_workers=len(self.workers),
+            )
+            self._windows.append(report)
+            del self._windows[:-MAX_WINDOWS]
+            self._window = None
+        log.info(
+            "%s step %d: %.0f samples/s, loss %.4f, P=%d W=%d",
+            self.program.name,
+            report.last_step,
+            report.samples_per_s,
+            report.loss,
+            report.num_ps,
+            report.num_workers,
+        )
+        if self._on_window:
+            self._on_window(report)
+
+    def _end_epoch(self, epoch: int) -> None:
+        self._flush_window()
+        t0, s0 = self._epoch_start
+        now = time.monotonic()
+        elapsed = max(1e-9, now - t0)
+        epoch_windows = [w for w in self._windows if w.samples]
+        loss = epoch_windows[-1].loss if epoch_windows else float("nan")
+        report = EpochReport(
+            epoch=epoch,
+            step=self.step,
+            samples_per_s=(self.samples_seen - s0) / elapsed,
+            elapsed_s=elapsed,
+            loss=loss,
+            metric=self._evaluate(),
+            noise_scale=noise_scale(self._epoch_grad_samples),
+            num_ps=len(self.ps),
+            num_workers=len(self.workers),
+        )
+        with self._lock:
+            self._epochs.append(report)
+            self._epoch_grad_samples = []
+        self._epoch_start = (time.monotonic(), self.samples_seen)
+        metric = "" if report.metric is None else f", metric {report.metric:.4f}"
+        log.info("%s epoch %d done: %.0f samples/s%s", self.program.name, epoch, report.samples_per_s, metric)
+        if self._on_epoch:
+            self._on_epoch(report)
+        if self._store and not self.done:
+            self.checkpoint()
+
+    def _evaluate(self) -> float | None:
+        if self.program.metric is None:
+            return None
+        if self._eval_model is None:
+            self._eval_model = self.program.build_model()
+            self._eval_data = self.program.build_eval_dataset()
+        model = self._eval_model
+        params = self.parameters()
+        offset = 0
+        with torch.no_grad():
+            for p in (p for p in model.parameters() if p.requires_grad):
+                n = p.numel()
+                p.copy_(torch.from_numpy(params[offset : offset + n]).view_as(p))
+                offset += n
+            model.eval()
+            total, weighted = 0, 0.0
+            for lo in range(0, len(self._eval_data), 1024):
+                idx = np.arange(lo, min(lo + 1024, len(self._eval_data)))
+                x, y = fetch_batch(self._eval_data, idx)
+                weighted += float(self.program.metric(model(x), y)) * len(idx)
+                total += len(idx)
+        return weighted / total
+
+    def _event(self, text: str) -> None:
+        line = f"step {self.step}: {text}"
+        log.info("%s %s", self.program.name, line)
+        with self._lock:
+            self._events.append(line)
+            del self._events[:-MAX_EVENTS]
+
+    # ------------------------------------------------------- shape changes
+    def _boundary(self) -> None:
+        """At a step boundary: start, apply or fail pending shape changes; checkpoint."""
+        with self._lock:
+            shape, request_id = self._target, self._request_id
+        if self._pending is not None and self._pending.request_id != request_id:
+            self._cancel_pending()
+        if self._pending is None and (request_id > self._applied_request or self._below_target(shape)):
+            reason = "request" if request_id > self._applied_request else "replace"
+            try:
+                self._pending = self._launch(shape, request_id, reason=reason, strict=False)
+            except PlacementError as exc:
+                self._fail_request(request_id, shape, str(exc), 0.0)
+        pending = self._pending
+        if pending is not None:
+            started = [*pending.new_ps.values(), *pending.new_workers.values()]
+            if tasks.all_ready(started):
+                self._pending = None
+                self._apply_change(pending, [tasks.to_task(p) for p in started])
+            elif time.monotonic() - pending.launched_at > self.config.placement_timeout_s:
+                self._pending = None
+                names = [task_name("ps", i) for i in pending.new_ps] + [
+                    task_name("worker", i) for i in pending.new_workers
+                ]
+                try:
+                    tasks.wait_ready(started, 0.0, names)
+                except PlacementError as exc:
+                    self._fail_request(
+                        pending.request_id, pending.shape, str(exc), time.monotonic() - pending.launched_at
+                    )
+        every = self.config.checkpoint_every_steps
+        if self._store and every and self.step - self._last_ckpt_step >= every:
+            self.checkpoint()
+
+    def _pending_ready(self) -> bool:
+        with self._lock:
+            newer = self._request_id > self._applied_request and self._pending is None
+        if newer:
+            return True
+        if self._pending is None:
+            return False
+        return tasks.all_ready([*self._pending.new_ps.values(), *self._pending.new_workers.values()])
+
+    def _below_target(self, shape: Shape) -> bool:
+        """After failures: fewer workers than the target, and replacing them is on."""
+        return self.config.replace_dead_workers and len(self.workers) < shape.num_workers
+
+    def _launch(self, shape: Shape, request_id: int, reason: str, strict: bool) -> _PendingChange:
+        """Start the tasks that ``shape`` needs beyond the ones that already fit it."""
+        nodes = tasks.alive_nodes() if shape.placement else {}
+        new: dict[str, dict[int, tasks.PendingTask]] = {"ps": {}, "worker": {}}
+        current = {"ps": self.ps, "worker": self.workers}
+        counts = {"ps": shape.num_ps, "worker": shape.num_workers}
+        resources = {"ps": self.config.ps_resources, "worker": self.config.worker_resources}
+        threads = {"ps": self.config.ps_threads, "worker": self.config.worker_threads}
+        try:
+            for kind in ("ps", "worker"):
+                for i in range(counts[kind]):
+                    name = task_name(kind, i)
+                    want = shape.placement.get(name)
+                    if want is not None and want not in nodes:
+                        if strict:
+                            tasks.check_fits(name, want, resources[kind], nodes)
+                        self._event(f"{name}: pinned node {want} is gone; letting Ray place it")
+                        want = None
+                    have = current[kind]
+                    if i < len(have) and (want is None or have[i].node_id == want):
+                        continue
+                    if want is not None:
+                        tasks.check_fits(name, want, resources[kind], nodes)
+                    new[kind][i] = tasks.launch(kind, self.program, resources[kind], threads[kind], want)  # type: ignore[arg-type]
+        except PlacementError:
+            for p in [*new["ps"].values(), *new["worker"].values()]:
+                tasks.kill(p.handle)
+            raise
+        return _PendingChange(request_id, shape, new["ps"], new["worker"], time.monotonic(), reason)
+
+    def _cancel_pending(self) -> None:
+        assert self._pending is not None
+        for p in [*self._pending.new_ps.values(), *self._pending.new_workers.values()]:
+            tasks.kill(p.handle)
+        self._pending = None
+
+    def _fail_request(self, request_id: int, shape: Shape, error: str, launch_s: float) -> None:
+        with self._lock:
+            current = (len(self.ps), len(self.workers))
+            self._rescales.append(
+                RescaleRecord(
+                    request_id, current, (shape.num_ps, shape.num_workers), self.step, 0.0, launch_s, False, error
+                )
+            )
+            self._applied_request = max(self._applied_request, request_id)
+            if self._request_id == request_id:
+                self._target = Shape(*current, self.placement())
+        self._event(f"rescale to {shape.num_ps}x{shape.num_workers} failed: {error}")
+
+    def _apply_change(self, pending: _PendingChange, started: list[tasks.Task]) -> None:
+        """Switch to the new shape. The pause is the time spent here."""
+        t0 = time.perf_counter()
+        before = (len(self.ps), len(self.workers))
+        state = self._gather_state() if (pending.new_ps or pending.shape.num_ps != len(self.ps)) else None
+        by_kind = {"ps": iter(started[: len(pending.new_ps)]), "worker": iter(started[len(pending.new_ps) :])}
+        started_ps = dict(zip(pending.new_ps, by_kind["ps"], strict=True))
+        started_workers = dict(zip(pending.new_workers, by_kind["worker"], strict=True))
+        self._install_tasks(pending.shape, started_ps, started_workers, state)
+        pause = time.perf_counter() - t0
+        record = RescaleRecord(
+            request_id=pending.request_id,
+            from_shape=before,
+            to_shape=(len(self.ps), len(self.workers)),
+            at_step=self.step,
+            pause_s=pause,
+            launch_s=time.monotonic() - pending.launched_at,
+            ok=True,
+            reason=pending.reason,
+        )
+        with self._lock:
+            self._rescales.append(record)
+            self._applied_request = max(self._applied_request, pending.request_id)
+        self._event(
+            f"rescaled {before[0]}x{before[1]} -> {record.to_shape[0]}x{record.to_shape[1]}"
+            f" (pause {pause * 1000:.0f} ms)"
+        )
+
+    def _install(self, pending: _PendingChange, started: list[tasks.Task], state: ShardState) -> None:
+        n_ps = len(pending.new_ps)
+        self._install_tasks(
+            pending.shape,
+            dict(zip(pending.new_ps, started[:n_ps], strict=True)),
+            dict(zip(pending.new_workers, started[n_ps:], strict=True)),
+            state,
+        )
+
+    def _install_tasks(
+        self,
+        shape: Shape,
+        new_ps: dict[int, tasks.Task],
+        new_workers: dict[int, tasks.Task],
+        state: ShardState | None,
+    ) -> None:
+        """Make ``shape`` current; if ``state`` is given, (re)shard it over the PS."""
+        ps = [new_ps.get(i) or self.ps[i] for i in range(shape.num_ps)]
+        workers = [new_workers.get(i) or self.workers[i] for i in range(shape.num_workers)]
+        if state is not None:
+            bounds = shard_bounds(state.numel, len(ps))
+            refs = [
+                t.handle.set_state.remote(state.slice(lo, hi), self.step)
+                for t, (lo, hi) in zip(ps, bounds, strict=True)
+            ]
+            ray.get(refs)
+            self._param_refs, self._bounds = refs, bounds
+        keep = {id(t.handle) for t in ps + workers}
+        for t in self.ps + self.workers:
+            if id(t.handle) not in keep:
+                tasks.kill(t.handle)
+        with self._lock:
+            self.ps, self.workers = ps, workers
+
+    def _gather_state(self) -> ShardState:
+        return concat_shards(ray.get([t.handle.get_state.remote() for t in self.ps]))
+
+    # -------------------------------------------------------------- failures
+    def _recover(self, exc: BaseException, ps_inconsistent: bool = False) -> None:
+        """After a failed step: drop dead workers, restore lost PS, or give up.
+
+        ``ps_inconsistent``: the failure hit the update, so some shards may have
+        applied the step and others not; the PS are restored from the checkpoint.
+        """
+        timeout = self.config.liveness_timeout_s
+        dead_ps = [t for t in self.ps if not tasks.is_alive(t.handle, timeout)]
+        dead_workers = [t for t in self.workers if not tasks.is_alive(t.handle, timeout)]
+        if ps_inconsistent and not dead_ps and dead_workers:
+            self._event("an update failed part-way (a worker's gradient was lost)")
+            self._restore_ps([])
+        if not dead_ps and not dead_workers:
+            raise JobFailedError(f"step {self.step} failed in user code: {exc}") from exc
+        if dead_workers:
+            self._event(f"{len(dead_workers)} worker(s) died; continuing with {len(self.workers) - len(dead_workers)}")
+            for t in dead_workers:
+                tasks.kill(t.handle)
+            with self._lock:
+                self.workers = [t for t in self.workers if t not in dead_workers]
+        if dead_ps:
+            self._restore_ps(dead_ps)
+        if not self.workers:
+            if not self.config.replace_dead_workers:
+                raise JobFailedError("every worker died and replace_dead_workers is off") from exc
+            with self._lock:
+                shape = self._target
+            pending = self._launch(shape, self._applied_request, reason="replace", strict=False)
+            names = [task_name("worker", i) for i in pending.new_workers]
+            started = tasks.wait_ready(list(pending.new_workers.values()), self.config.placement_timeout_s, names)
+            for p in pending.new_ps.values():
+                tasks.kill(p.handle)
+            self._install_tasks(Shape(len(self.ps), len(started)), {}, dict(enumerate(started)), None)
+            self._event(f"replaced all workers ({len(started)})")
+
+    def _restore_ps(self, dead: list[tasks.Task]) -> None:
+        if self._store is None:
+            raise JobFailedError("a PS shard died and no checkpoint_dir is configured")
+        ckpt = self._store.latest()
+        if ckpt is None:
+            raise JobFailedError("a PS shard died before the first checkpoint")
+        for t in self.ps:
+            tasks.kill(t.handle)
+        lost = self.step - ckpt.step
+        num_ps = len(self.ps)
+        with self._lock:
+            self.ps = []
+            placement = {k: v for k, v in self._target.placement.items() if k.startswith("ps-")}
+        pending = self._launch(
+            Shape(num_ps, len(self.workers), placement), self._applied_request, "restore", strict=False
+        )
+        for p in pending.new_workers.values():
+            tasks.kill(p.handle)
+        names = [task_name("ps", i) for i in pending.new_ps]
+        started = tasks.wait_ready(list(pending.new_ps.values()), self.config.placement_timeout_s, names)
+        with self._lock:
+            self.step, self.position, self.samples_seen = ckpt.step, ckpt.position, ckpt.samples_seen
+        self._install_tasks(Shape(num_ps, len(self.workers)), dict(enumerate(started)), {}, ckpt.state)
+        self._event(f"{len(dead)} PS shard(s) died; restored from checkpoint at step {ckpt.step} (lost {lost} steps)")
+
+    # ------------------------------------------------------------ validation
+    def _check_shape(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
+        if num_ps < 1 or num_workers < 1:
+            raise ConfigError(f"a job needs at least 1 PS and 1 worker, got {num_ps}x{num_workers}")
+        valid = {task_name("ps", i) for i in range(num_ps)} | {task_name("worker", i) for i in range(num_workers)}
+        unknown = sorted(set(placement) - valid)
+        if unknown:
+            raise ConfigError(f"placement names tasks that the shape {num_ps}x{num_workers} does not have: {unknown}")
+
+    def _check_checkpoint(self, ckpt: Checkpoint) -> None:
+        if ckpt.seed != self.program.seed or ckpt.optimizer != self.program.optimizer:
+            raise ConfigError(
+                f"checkpoint in {self.config.checkpoint_dir} is for seed {ckpt.seed} / {ckpt.optimizer}, "
+                f"the program has seed {self.program.seed} / {self.program.optimizer}"
+            )
+
+
+def _crosses(key: str) -> bool:
+    src, _, dst = key.partition("->")
+    return src != dst
+
+
+def with_config(config: JobConfig, **changes: Any) -> JobConfig:
+    return replace(config, **changes)

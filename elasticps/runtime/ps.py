@@ -1,0 +1,90 @@
+"""A parameter-server shard: a slice of the flat parameters and its optimizer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from elasticps.program import TrainingProgram
+from elasticps.runtime.shard_state import ShardState
+
+
+class PSShard:
+    """Holds ``params[lo:hi]`` and applies the optimizer to it.
+
+    :meth:`apply` receives gradient slices, sums them in the order given and
+    takes one optimizer step. In ``sync`` mode they are every worker's slice for
+    one step (each scaled by 1/M, so the sum is the global-batch mean gradient);
+    in ``async`` mode, one worker's slice (scaled by 1/its batch), applied at once.
+    """
+
+    def __init__(self, program: TrainingProgram, threads: int = 1) -> None:
+        torch.set_num_threads(max(1, threads))
+        self.program = program
+        self.param = torch.nn.Parameter(torch.zeros(0))
+        self.opt = program.make_optimizer([self.param])
+        self.version = 0
+
+    # -- lifecycle ------------------------------------------------------------
+    def ready(self) -> dict[str, Any]:
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": _pid()}
+
+    def set_state(self, state: ShardState, version: int) -> np.ndarray:
+        """Load a slice's state; returns the parameters (for the first pulls)."""
+        self.param = torch.nn.Parameter(torch.from_numpy(np.array(state.params, dtype=np.float32)))
+        self.opt = self.program.make_optimizer([self.param])
+        if state.vectors or state.scalars:
+            inner: dict[str, Any] = {k: torch.from_numpy(np.array(v)) for k, v in state.vectors.items()}
+            inner.update({k: torch.tensor(v, dtype=torch.float32) for k, v in state.scalars.items()})
+            sd = self.opt.state_dict()
+            sd["state"] = {0: inner}
+            self.opt.load_state_dict(sd)
+        self.version = version
+        return self.param.detach().numpy()
+
+    def get_state(self) -> ShardState:
+        vectors: dict[str, np.ndarray] = {}
+        scalars: dict[str, float] = {}
+        for key, value in self.opt.state.get(self.param, {}).items():
+            if isinstance(value, torch.Tensor) and value.numel() == self.param.numel() and value.dim() == 1:
+                vectors[key] = value.detach().numpy().copy()
+            else:
+                scalars[key] = float(value)
+        return ShardState(self.param.detach().numpy().copy(), vectors, scalars)
+
+    def params(self) -> np.ndarray:
+        return self.param.detach().numpy()
+
+    def ping(self) -> int:
+        return self.version
+
+    # -- training ---------------------------------------------------------------
+    def apply(self, step: int, grad_refs: list[ray.ObjectRef]) -> tuple[dict[str, float], np.ndarray]:
+        """Sum the workers' gradient slices for ``step`` and update.
+
+        Returns timings, the squared norm of the summed gradient (for the noise
+        scale), and the new parameters, which become the next pulls.
+        """
+        t0 = time.perf_counter()
+        grads = ray.get(grad_refs)
+        t1 = time.perf_counter()
+        total = np.array(grads[0], dtype=np.float32, copy=True)
+        for g in grads[1:]:
+            total += g
+        self.param.grad = torch.from_numpy(total)
+        self.opt.step()
+        self.param.grad = None
+        self.version = step + 1  # the step whose parameters these are
+        t2 = time.perf_counter()
+        info = {"recv_s": t1 - t0, "update_s": t2 - t1, "grad_sqnorm": float(np.dot(total, total))}
+        return info, self.param.detach().numpy()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

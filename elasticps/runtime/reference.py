@@ -1,0 +1,62 @@
+"""Single-process training with the same data order: the yardstick for ``sync`` mode."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from elasticps.program import TrainingProgram
+from elasticps.runtime.data import DataPosition, GlobalBatches, fetch_batch
+from elasticps.runtime.flat import flat_params
+
+
+@dataclass
+class ReferenceResult:
+    params: np.ndarray
+    steps: int
+    samples: int
+    elapsed_s: float
+    losses: list[float]
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else float("nan")
+
+
+def train_single_process(
+    program: TrainingProgram, max_steps: int | None = None, threads: int | None = None, skip_steps: int = 0
+) -> ReferenceResult:
+    """Plain PyTorch training (model, ``torch.optim``, one process), step for step
+    the same global batches as the runtime. Times only the steps after ``skip_steps``."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    model = program.build_model()
+    opt = program.make_optimizer(list(p for p in model.parameters() if p.requires_grad))
+    dataset = program.build_dataset()
+    batches = GlobalBatches(program.seed, len(dataset), program.batch_size)
+    pos = DataPosition(0, 0)
+    steps = samples = 0
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    model.train()
+    while pos.epoch < program.epochs and (max_steps is None or steps < max_steps):
+        if steps == skip_steps:
+            t0, samples = time.perf_counter(), 0
+        idx, pos = batches.take(pos, program.batch_size)
+        x, y = fetch_batch(dataset, idx)
+        opt.zero_grad()
+        loss = program.loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+        steps += 1
+        samples += len(idx)
+    return ReferenceResult(flat_params(model), steps, samples, time.perf_counter() - t0, losses)
+
+
+def relative_error(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| / max |b|: the exactness measure of sync training."""
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))

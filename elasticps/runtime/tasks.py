@@ -1,0 +1,126 @@
+"""Starting PS and worker actors where they are asked to run, and checking them."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from elasticps.errors import PlacementError
+from elasticps.program import TrainingProgram
+from elasticps.runtime.config import TaskResources
+from elasticps.runtime.ps import PSShard
+from elasticps.runtime.worker import Worker
+
+Kind = Literal["ps", "worker"]
+
+_ACTOR_CLASSES: dict[str, Any] = {}
+
+
+def _actor_class(kind: Kind) -> Any:
+    if kind not in _ACTOR_CLASSES:
+        _ACTOR_CLASSES[kind] = ray.remote(PSShard if kind == "ps" else Worker)
+    return _ACTOR_CLASSES[kind]
+
+
+@dataclass
+class Task:
+    """A running PS shard or worker."""
+
+    kind: Kind
+    handle: Any
+    node_id: str
+    pid: int
+
+
+@dataclass
+class PendingTask:
+    kind: Kind
+    handle: Any
+    ready_ref: Any
+    wanted_node: str | None
+    resources: TaskResources
+
+
+def alive_nodes() -> dict[str, dict[str, float]]:
+    """Total resources of every alive Ray node, by node id."""
+    return {n["NodeID"]: dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")}
+
+
+def check_fits(task: str, node_id: str, resources: TaskResources, nodes: dict[str, dict[str, float]]) -> None:
+    """Raise at once if ``node_id`` is gone or could never hold the task."""
+    if node_id not in nodes:
+        raise PlacementError(f"cannot place {task}: node {node_id} is not an alive Ray node")
+    total = nodes[node_id]
+    for key, need in resources.as_ray_resources().items():
+        if need > total.get(key, 0.0) + 1e-9:
+            raise PlacementError(
+                f"cannot place {task} on node {node_id}: it needs {key}={need:g}, "
+                f"the node has {total.get(key, 0.0):g} in all"
+            )
+
+
+def launch(
+    kind: Kind, program: TrainingProgram, resources: TaskResources, threads: int, node_id: str | None
+) -> PendingTask:
+    """Start an actor (pinned to ``node_id`` with hard affinity if given); do not wait."""
+    options: dict[str, Any] = {"max_restarts": 0, **resources.ray_options()}
+    if node_id is not None:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    handle = _actor_class(kind).options(**options).remote(program, threads)
+    return PendingTask(kind, handle, handle.ready.remote(), node_id, resources)
+
+
+def wait_ready(pending: list[PendingTask], timeout_s: float, names: list[str]) -> list[Task]:
+    """Wait until every pending task runs; on timeout kill them all and raise."""
+    refs = [p.ready_ref for p in pending]
+    _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    if not_ready:
+        late = [n for n, p in zip(names, pending, strict=True) if p.ready_ref in set(not_ready)]
+        for p in pending:
+            kill(p.handle)
+        details = ", ".join(
+            f"{n} (needs {p.resources.as_ray_resources()}" + (f" on node {p.wanted_node})" if p.wanted_node else ")")
+            for n, p in zip(names, pending, strict=True)
+            if n in late
+        )
+        raise PlacementError(f"no room within {timeout_s:g} s for {details}")
+    return [to_task(p) for p in pending]
+
+
+def to_task(p: PendingTask) -> Task:
+    info = ray.get(p.ready_ref)
+    return Task(p.kind, p.handle, info["node_id"], info["pid"])
+
+
+def all_ready(pending: list[PendingTask]) -> bool:
+    refs = [p.ready_ref for p in pending]
+    if not refs:
+        return True
+    _, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
+    return not not_ready
+
+
+def is_alive(handle: Any, timeout_s: float) -> bool:
+    ref = handle.ping.remote()
+    ready, _ = ray.wait([ref], timeout=timeout_s)
+    if not ready:
+        return False
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayError:
+        return False
+    return True
+
+
+def kill(handle: Any) -> None:
+    with contextlib.suppress(Exception):
+        ray.kill(handle, no_restart=True)
+
+
+def monotonic() -> float:
+    return time.monotonic()

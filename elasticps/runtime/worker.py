@@ -1,0 +1,94 @@
+"""A worker: pulls parameters, computes the gradient of its samples, returns it."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from elasticps.program import TrainingProgram
+from elasticps.runtime.data import fetch_batch
+from elasticps.runtime.flat import FlatModel
+
+
+class Worker:
+    """Computes gradients for the samples the controller hands it.
+
+    :meth:`step` returns ``1 + num_shards`` values: a dict of statistics, then
+    the gradient slice for each PS shard. The controller owns those values and
+    forwards them to the shards, so a worker that dies after returning loses
+    nothing.
+    """
+
+    def __init__(self, program: TrainingProgram, threads: int = 1) -> None:
+        torch.set_num_threads(max(1, threads))
+        self.program = program
+        self.flat = FlatModel(program.build_model())
+        self.dataset = program.build_dataset()
+
+    def ready(self) -> dict[str, Any]:
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def step(
+        self,
+        step: int,
+        indices: np.ndarray,
+        param_refs: list[ray.ObjectRef],
+        bounds: list[tuple[int, int]],
+        denominator: int,
+        seed: int,
+    ) -> tuple[Any, ...]:
+        """Gradient of ``sum(loss over indices) / denominator`` at the pulled parameters.
+
+        The local batch is processed as two halves so that the squared norms of
+        the half-batch and local-batch mean gradients come for free; together
+        with the global one they estimate the gradient noise scale.
+        """
+        t0 = time.perf_counter()
+        parts = ray.get(param_refs)
+        params = self.flat.params_numpy()
+        for (lo, hi), part in zip(bounds, parts, strict=True):
+            params[lo:hi] = part
+        t1 = time.perf_counter()
+
+        torch.manual_seed(seed)
+        x, y = fetch_batch(self.dataset, indices)
+        b = len(indices)
+        half = b // 2
+        grads = self.flat.grads
+        grads.zero_()
+        model = self.flat.model
+        model.train()
+        loss_sum = 0.0
+        sq_half = float("nan")
+        for lo, hi in ((0, half), (half, b)) if half > 0 else ((0, b),):
+            out = model(x[lo:hi])
+            loss = self.program.loss(out, y[lo:hi])
+            (loss * ((hi - lo) / denominator)).backward()
+            loss_sum += float(loss.detach()) * (hi - lo)
+            if hi == half:
+                sq_half = float(torch.dot(grads, grads)) * (denominator / half) ** 2
+        sq_local = float(torch.dot(grads, grads)) * (denominator / b) ** 2
+        t2 = time.perf_counter()
+        g = self.flat.grads_numpy()
+        slices = [g[lo:hi] for lo, hi in bounds]
+        stats = {
+            "step": step,
+            "samples": b,
+            "loss_sum": loss_sum,
+            "pull_s": t1 - t0,
+            "compute_s": t2 - t1,
+            "batch_half": half,
+            "sqnorm_half": sq_half,
+            "sqnorm_local": sq_local,
+            "pull_bytes": [int(p.nbytes) for p in parts],
+            "push_bytes": [int(s.nbytes) for s in slices],
+        }
+        return (stats, *slices)

@@ -1,0 +1,62 @@
+"""``elasticps demo runtime``: one digits job rescaled live, 1x1 -> 2x3 -> 1x2."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+
+from elasticps.examples import digits
+from elasticps.raycluster import ensure_ray
+from elasticps.runtime import EpochReport, JobConfig, JobController, TaskResources, WindowReport
+
+#: (epochs to train at the current shape first, num_ps, num_workers)
+SCHEDULE = ((3, 2, 3), (6, 1, 2))
+
+
+def run(epochs: int = 30, num_cpus: int = 8) -> dict:
+    ensure_ray(num_cpus=num_cpus)
+    program = digits.program(epochs=epochs)
+    print(f"job {program.name}: {epochs} epochs of scikit-learn digits, global batch {program.batch_size}, sync mode")
+
+    def on_window(w: WindowReport) -> None:
+        t = w.mean_step_times
+        print(
+            f"  step {w.last_step:5d}  P={w.num_ps} W={w.num_workers}  {w.samples_per_s:7.0f} samples/s  "
+            f"loss {w.loss:.4f}  step ms: compute {t.compute_s * 1e3:.1f} pull {t.pull_s * 1e3:.1f} "
+            f"push {t.push_s * 1e3:.1f} update {t.update_s * 1e3:.1f} wait {t.wait_s * 1e3:.1f}"
+        )
+
+    def on_epoch(e: EpochReport) -> None:
+        print(f"epoch {e.epoch:2d} done at step {e.step}: P={e.num_ps} W={e.num_workers}, test accuracy {e.metric:.4f}")
+
+    with tempfile.TemporaryDirectory(prefix="elasticps-demo-") as ckpt:
+        config = JobConfig(
+            report_interval_s=2.0, checkpoint_dir=ckpt, ps_resources=TaskResources(cpu=0.5), checkpoint_every_steps=200
+        )
+        job = JobController(program, config, num_ps=1, num_workers=1, on_window=on_window, on_epoch=on_epoch)
+        t0 = time.monotonic()
+        job.start()
+        print(f"started 1 PS x 1 worker in {time.monotonic() - t0:.1f} s: {job.placement()}")
+        thread = job.run_in_thread()
+        for wait_epochs, num_ps, num_workers in SCHEDULE:
+            until = job.report().epoch + wait_epochs
+            while job.report().epoch < until and thread.is_alive():
+                time.sleep(0.1)
+            request = job.rescale(num_ps, num_workers)
+            print(f">> rescale to {num_ps} PS x {num_workers} workers requested at step {job.step}")
+            rec = job.wait_rescale(request, timeout_s=300)
+            print(
+                f">> now {rec.to_shape[0]} PS x {rec.to_shape[1]} workers from step {rec.at_step}: "
+                f"paused {rec.pause_s * 1e3:.0f} ms (new tasks started in the background in {rec.launch_s:.1f} s)"
+            )
+        thread.join()
+        report = job.report()
+        job.shutdown()
+    if report.state != "finished":
+        raise SystemExit(f"demo job ended {report.state}: {report.error}")
+    final = report.epoch_reports[-1]
+    print(
+        f"finished {report.step} steps in {time.monotonic() - t0:.1f} s; final test accuracy {final.metric:.4f}; "
+        f"rescale pauses {[round(r.pause_s * 1e3) for r in report.rescales if r.ok]} ms"
+    )
+    return report.to_dict()

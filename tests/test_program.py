@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from elasticps import ProgramError, TrainingProgram, load_program
+from elasticps.examples import digits
+
+
+def _prog(**kw):
+    base = dict(name="t", model=lambda: torch.nn.Linear(2, 1), dataset=[(0, 0)], loss=torch.nn.functional.mse_loss,
+                lr=0.1, batch_size=4, epochs=1)
+    base.update(kw)
+    return TrainingProgram(**base)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"optimizer": "lamb"}, "optimizer 'lamb' is not supported"),
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"epochs": 0}, "epochs must be >= 1"),
+        ({"lr": 0.0}, "lr must be > 0"),
+        ({"metric": lambda o, t: 0.0}, "metric and eval_dataset must be given together"),
+        ({"loss": 3}, "loss must be callable"),
+    ],
+)
+def test_bad_programs_are_refused_with_the_field_named(kw, message):
+    with pytest.raises(ProgramError, match=message):
+        _prog(**kw)
+
+
+def test_bad_optimizer_kwargs_name_the_optimizer():
+    p = _prog(optimizer="adam", optimizer_kwargs={"momentum": 0.9})
+    with pytest.raises(ProgramError, match="bad optimizer_kwargs for adam"):
+        p.make_optimizer([torch.nn.Parameter(torch.zeros(2))])
+
+
+def test_model_factory_must_return_a_module():
+    with pytest.raises(ProgramError, match="not a torch.nn.Module"):
+        _prog(model=lambda: 3).build_model()
+
+
+def test_build_model_is_reproducible():
+    p = digits.program()
+    a = torch.cat([x.flatten() for x in p.build_model().parameters()])
+    b = torch.cat([x.flatten() for x in p.build_model().parameters()])
+    assert torch.equal(a, b)
+    other = torch.cat([x.flatten() for x in digits.program(seed=1).build_model().parameters()])
+    assert not torch.equal(a, other)
+
+
+def test_load_program_from_a_module_path():
+    p = load_program("elasticps.examples.digits:program")
+    assert p.name == "digits-mlp"
+    assert len(p.build_dataset()) + len(p.build_eval_dataset()) == 1797
+
+
+@pytest.mark.parametrize(
+    ("ref", "message"),
+    [
+        ("no_colon", "must look like 'package.module:attr'"),
+        ("no.such.module:x", "cannot import module 'no.such.module'"),
+        ("elasticps.examples.digits:nope", "has no attribute 'nope'"),
+        ("elasticps.examples.digits:_SPLIT_SEED", "is a int, not a TrainingProgram"),
+    ],
+)
+def test_load_program_errors(ref, message):
+    with pytest.raises(ProgramError, match=message):
+        load_program(ref)
