@@ -7,7 +7,9 @@ from elasticps.runtime.shard_state import ShardState
 
 def _ckpt(step):
     rng = np.random.default_rng(step)
-    state = ShardState(rng.standard_normal(50).astype(np.float32), {"momentum_buffer": rng.standard_normal(50).astype(np.float32)}, {})
+    state = ShardState(
+        rng.standard_normal(50).astype(np.float32), {"momentum_buffer": rng.standard_normal(50).astype(np.float32)}, {}
+    )
     return Checkpoint(step, DataPosition(2, 64 * step), state, seed=5, optimizer="sgd", samples_seen=999 + step)
 
 

@@ -6,8 +6,15 @@ from elasticps.examples import digits
 
 
 def _prog(**kw):
-    base = dict(name="t", model=lambda: torch.nn.Linear(2, 1), dataset=[(0, 0)], loss=torch.nn.functional.mse_loss,
-                lr=0.1, batch_size=4, epochs=1)
+    base = dict(
+        name="t",
+        model=lambda: torch.nn.Linear(2, 1),
+        dataset=[(0, 0)],
+        loss=torch.nn.functional.mse_loss,
+        lr=0.1,
+        batch_size=4,
+        epochs=1,
+    )
     base.update(kw)
     return TrainingProgram(**base)
 

@@ -153,6 +153,8 @@ class JobController:
         """
         placement = dict(placement or {})
         self._check_shape(num_ps, num_workers, placement)
+        if self.state in ("finished", "failed"):
+            raise ConfigError(f"job {self.program.name} has {self.state}; it cannot be rescaled")
         if placement:
             nodes = tasks.alive_nodes()
             for name, node in placement.items():
@@ -268,12 +270,10 @@ class JobController:
                     budget = None if max_steps is None else first + max_steps - self.step
                     self._async_segment(budget)
             self._flush_window()
-            if self.done:
-                self.state = "finished"
-            elif self._stop.is_set():
-                self.state = "stopped"
-            if self._store:
-                self.checkpoint()
+            if self.done or self._stop.is_set():
+                self.state = "finished" if self.done else "stopped"
+                if self._store:
+                    self.checkpoint()
         except Exception as exc:
             self.state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
@@ -609,12 +609,9 @@ class JobController:
                 names = [task_name("ps", i) for i in pending.new_ps] + [
                     task_name("worker", i) for i in pending.new_workers
                 ]
-                try:
-                    tasks.wait_ready(started, 0.0, names)
-                except PlacementError as exc:
-                    self._fail_request(
-                        pending.request_id, pending.shape, str(exc), time.monotonic() - pending.launched_at
-                    )
+                waited = time.monotonic() - pending.launched_at
+                error = tasks.give_up(started, names, waited)
+                self._fail_request(pending.request_id, pending.shape, str(error), waited)
         every = self.config.checkpoint_every_steps
         if self._store and every and self.step - self._last_ckpt_step >= every:
             self.checkpoint()
@@ -760,7 +757,8 @@ class JobController:
             self._event("an update failed part-way (a worker's gradient was lost)")
             self._restore_ps([])
         if not dead_ps and not dead_workers:
-            raise JobFailedError(f"step {self.step} failed in user code: {exc}") from exc
+            cause = getattr(exc, "cause", None) or exc
+            raise JobFailedError(f"step {self.step} failed in user code: {type(cause).__name__}: {cause}") from exc
         if dead_workers:
             self._event(f"{len(dead_workers)} worker(s) died; continuing with {len(self.workers) - len(dead_workers)}")
             for t in dead_workers:

@@ -78,18 +78,25 @@ def launch(
 def wait_ready(pending: list[PendingTask], timeout_s: float, names: list[str]) -> list[Task]:
     """Wait until every pending task runs; on timeout kill them all and raise."""
     refs = [p.ready_ref for p in pending]
-    _ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    _, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
     if not_ready:
-        late = [n for n, p in zip(names, pending, strict=True) if p.ready_ref in set(not_ready)]
-        for p in pending:
-            kill(p.handle)
-        details = ", ".join(
-            f"{n} (needs {p.resources.as_ray_resources()}" + (f" on node {p.wanted_node})" if p.wanted_node else ")")
-            for n, p in zip(names, pending, strict=True)
-            if n in late
-        )
-        raise PlacementError(f"no room within {timeout_s:g} s for {details}")
+        raise give_up(pending, names, timeout_s)
     return [to_task(p) for p in pending]
+
+
+def give_up(pending: list[PendingTask], names: list[str], waited_s: float) -> PlacementError:
+    """Kill every pending task; the error names those that were not running yet."""
+    refs = [p.ready_ref for p in pending]
+    _, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
+    late = set(not_ready)
+    for p in pending:
+        kill(p.handle)
+    details = ", ".join(
+        f"{n} (needs {p.resources.as_ray_resources()}" + (f" on node {p.wanted_node})" if p.wanted_node else ")")
+        for n, p in zip(names, pending, strict=True)
+        if p.ready_ref in late
+    )
+    return PlacementError(f"not running within {waited_s:.0f} s (no room, or too slow to start): {details}")
 
 
 def to_task(p: PendingTask) -> Task:

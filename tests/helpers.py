@@ -1,0 +1,40 @@
+"""Builders and small drivers shared by the runtime tests."""
+
+from __future__ import annotations
+
+import time
+
+from elasticps.examples import digits
+from elasticps.runtime import JobConfig, JobController, TaskResources
+
+SMALL_TASKS = {"ps_resources": TaskResources(cpu=0.5), "worker_resources": TaskResources(cpu=0.5)}
+
+
+def make_config(**kw) -> JobConfig:
+    base = {"report_interval_s": 0.5, "placement_timeout_s": 60.0, **SMALL_TASKS}
+    base.update(kw)
+    return JobConfig(**base)
+
+
+def make_job(num_ps=1, num_workers=1, program=None, **config) -> JobController:
+    return JobController(program or digits.program(epochs=3), make_config(**config), num_ps, num_workers)
+
+
+def run_until_applied(job: JobController, request_id: int, timeout_s: float = 120.0) -> None:
+    """Step the job until rescale request ``request_id`` has been applied (or failed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(r.request_id == request_id for r in job.report().rescales):
+            return
+        assert not job.done, "the job finished before the rescale could be applied"
+        job.run(max_steps=1)
+    raise AssertionError(f"rescale {request_id} not applied within {timeout_s} s")
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")

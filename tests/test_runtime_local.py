@@ -1,0 +1,152 @@
+"""The runtime on a real single-node Ray cluster: exactness, reports, rescale, faults."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from elasticps import ConfigError, JobFailedError, PlacementError, TrainingProgram
+from elasticps.examples import digits
+from elasticps.runtime import relative_error, train_single_process
+from tests.helpers import make_job, run_until_applied, wait_for
+
+TOL = 1e-5
+
+
+def test_sync_adam_through_rescales_matches_single_process(ray_local):
+    program = digits.program(epochs=50, optimizer="adam")
+    job = make_job(1, 1, program)
+    job.run(max_steps=4)
+    for shape in [(2, 3), (3, 2), (1, 2)]:
+        run_until_applied(job, job.rescale(*shape))
+        assert (len(job.ps), len(job.workers)) == shape
+        job.run(max_steps=3)
+    total = job.step
+    ref = train_single_process(program, max_steps=total)
+    assert relative_error(job.parameters(), ref.params) < TOL
+
+    report = job.report()
+    assert [r.to_shape for r in report.rescales] == [(2, 3), (3, 2), (1, 2)]
+    assert all(r.ok and 0 <= r.pause_s < 5 for r in report.rescales)
+    # the position in the data continued: the same samples as the reference, none twice or skipped
+    assert report.samples_seen == ref.samples
+    assert (report.epoch, report.cursor) == divmod(ref.samples, 1347)
+    assert set(report.placement) == {"ps-0", "worker-0", "worker-1"}
+    assert report.windows and report.windows[-1].num_workers == 2
+    # one node: every byte stays on it, and pulls + pushes = 2 x 4 bytes x params x worker steps
+    assert report.cross_node_bytes == 0
+    numel = sum(p.numel() for p in program.build_model().parameters())
+    assert sum(report.bytes_between_nodes.values()) > 2 * 4 * numel * total
+    job.shutdown()
+
+
+def test_runs_to_the_end_with_epoch_reports(ray_local, tmp_path):
+    program = digits.program(epochs=2)
+    job = make_job(2, 2, program, checkpoint_dir=str(tmp_path))
+    report = job.run()
+    assert report.state == "finished"
+    assert report.step == 2 * 22 and report.epoch == 2
+    assert [e.epoch for e in report.epoch_reports] == [0, 1]
+    for e in report.epoch_reports:
+        assert 0.0 <= e.metric <= 1.0 and e.samples_per_s > 0 and e.noise_scale is not None
+    assert report.epoch_reports[1].metric > 0.5
+    times = report.windows[0].mean_step_times
+    assert times.compute_s > 0 and times.pull_s > 0 and times.push_s >= 0 and times.wait_s >= 0
+    assert report.gradient_samples and report.gradient_samples[0].batch_big == 64
+    # The last checkpoint is the end of training.
+    from elasticps.runtime import CheckpointStore
+
+    assert CheckpointStore(tmp_path).latest().step == report.step
+    job.shutdown()
+
+
+def test_async_mode_trains_and_bounds_staleness(ray_local):
+    job = make_job(1, 2, digits.program(epochs=3, lr=0.05), mode="async", max_staleness=0)
+    report = job.run()
+    assert report.state == "finished" and report.epoch == 3
+    # two workers with a staleness bound of 0: one of every pair of overlapping gradients is dropped
+    assert any("discarded a gradient of staleness" in e for e in report.events)
+    assert report.epoch_reports[-1].metric > 0.8
+    job.shutdown()
+
+
+def test_placement_errors_are_clear_and_never_hang(ray_local):
+    job = make_job(1, 1, digits.program(epochs=50), placement_timeout_s=15.0)
+    job.run(max_steps=2)
+    node = next(iter(job.placement().values()))
+    with pytest.raises(PlacementError, match="not an alive Ray node"):
+        job.rescale(1, 2, {"worker-1": "f" * 56})
+    with pytest.raises(ConfigError, match="does not have"):
+        job.rescale(1, 1, {"worker-3": node})
+    # 8 CPUs on the node, 0.5 per task: 1 + 20 workers cannot all start; the request fails after 15 s
+    request = job.rescale(1, 20, {f"worker-{i}": node for i in range(20)})
+    run_until_applied(job, request, timeout_s=60)
+    with pytest.raises(PlacementError, match=r"not running within 1\d s \(no room, or too slow to start\): worker-"):
+        job.wait_rescale(request, timeout_s=1)
+    assert (len(job.ps), len(job.workers)) == (1, 1)
+    assert job.report().target_shape == (1, 1)
+    job.run(max_steps=2)  # still training
+    job.shutdown()
+
+
+def test_dead_workers_are_dropped_and_replaced(ray_local):
+    program = digits.program(epochs=50)
+    job = make_job(1, 3, program)
+    job.run(max_steps=3)
+    ray.kill(job.workers[0].handle)
+    os.kill(job.workers[1].pid, signal.SIGKILL)  # a real process death, like os._exit
+    job.run(max_steps=1)
+    assert len(job.workers) == 1
+    wait_for(lambda: (job.run(max_steps=1), len(job.workers) == 3)[1], 120, "replacement workers")
+    job.run(max_steps=3)
+    report = job.report()
+    assert any("worker(s) died" in e for e in report.events)
+    assert any(r.reason == "replace" for r in report.rescales)
+    # Nothing was lost: the result is still exactly single-process training.
+    ref = train_single_process(program, max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def test_dead_ps_restores_from_checkpoint(ray_local, tmp_path):
+    program = digits.program(epochs=2)
+    job = make_job(2, 2, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    job.run(max_steps=7)  # checkpoints at steps 0 and 5
+    ray.kill(job.ps[1].handle)
+    job.run(max_steps=1)
+    report = job.report()
+    assert any("restored from checkpoint at step 5 (lost 2 steps)" in e for e in report.events)
+    final = job.run()
+    assert final.state == "finished"
+    ref = train_single_process(program)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def _exploding_loss(out, target):
+    if out.shape[0] < 30:
+        raise RuntimeError("the user's loss blew up")
+    return torch.nn.functional.cross_entropy(out, target)
+
+
+def test_user_code_errors_fail_the_job_clearly(ray_local):
+    base = digits.program(epochs=1)
+    program = TrainingProgram(**{**base.__dict__, "loss": _exploding_loss, "name": "boom"})
+    job = make_job(1, 2, program)
+    with pytest.raises(JobFailedError, match="failed in user code: RuntimeError: the user's loss blew up"):
+        job.run(max_steps=2)
+    assert job.report().state == "failed"
+    job.shutdown()
+
+
+def test_rescale_requests_are_validated(ray_local):
+    job = make_job(1, 1)
+    with pytest.raises(ConfigError, match="at least 1 PS and 1 worker"):
+        job.rescale(0, 2)
+    job.shutdown()
+    assert np.isfinite(job.report().step)
