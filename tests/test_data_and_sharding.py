@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from elasticps.runtime.shard_state import ShardState, concat_shards, split_state
 def test_shard_bounds_cover_contiguously_and_evenly(numel, shards):
     bounds = shard_bounds(numel, shards)
     assert bounds[0][0] == 0 and bounds[-1][1] == numel
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
     sizes = [hi - lo for lo, hi in bounds]
     assert max(sizes) - min(sizes) <= 1
 
