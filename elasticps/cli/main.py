@@ -40,7 +40,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from elasticps import JobConfig, JobController, load_program
     from elasticps.raycluster import ensure_ray
 
-    ensure_ray(args.ray_address)
+    ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     program = load_program(args.program)
     config = JobConfig(mode=args.mode, checkpoint_dir=args.checkpoint_dir, report_interval_s=args.report_interval_s)
     job = JobController(
@@ -55,6 +55,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         on_epoch=lambda e: print(f"epoch {e.epoch} done at step {e.step} metric {e.metric}", flush=True),
     )
     try:
+        job.start()
+        for line in job.report().events:
+            print(line, flush=True)
+        print(f"running {args.ps} PS x {args.workers} workers: {job.placement()}", flush=True)
         report = job.run(max_steps=args.max_steps)
     finally:
         job.shutdown()
@@ -87,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-steps", type=int)
     train.add_argument("--report-interval-s", type=float, default=5.0)
     train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    train.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
     train.set_defaults(func=cmd_train)
     return p
 

@@ -143,6 +143,9 @@ class JobController:
         self._bytes: dict[str, int] = {}
         self._epoch_start = (0.0, 0)
         self._last_ckpt_step = -1
+        self._suspect_nodes: set[str] = (
+            set()
+        )  # nodes where tasks died: not pinned to again (a dead raylet is seen late)
 
     # ------------------------------------------------------------------ API
     def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str] | None = None) -> int:
@@ -642,7 +645,7 @@ class JobController:
                 for i in range(counts[kind]):
                     name = task_name(kind, i)
                     want = shape.placement.get(name)
-                    if want is not None and want not in nodes:
+                    if want is not None and (want not in nodes or want in self._suspect_nodes):
                         if strict:
                             tasks.check_fits(name, want, resources[kind], nodes)
                         self._event(f"{name}: pinned node {want} is gone; letting Ray place it")
@@ -753,6 +756,7 @@ class JobController:
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in self.ps if not tasks.is_alive(t.handle, timeout)]
         dead_workers = [t for t in self.workers if not tasks.is_alive(t.handle, timeout)]
+        self._suspect_nodes.update(t.node_id for t in dead_ps + dead_workers)
         if ps_inconsistent and not dead_ps and dead_workers:
             self._event("an update failed part-way (a worker's gradient was lost)")
             self._restore_ps([])

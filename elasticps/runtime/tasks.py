@@ -81,7 +81,12 @@ def wait_ready(pending: list[PendingTask], timeout_s: float, names: list[str]) -
     _, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
     if not_ready:
         raise give_up(pending, names, timeout_s)
-    return [to_task(p) for p in pending]
+    try:
+        return [to_task(p) for p in pending]
+    except ray.exceptions.RayError as exc:
+        for p in pending:
+            kill(p.handle)
+        raise PlacementError(f"a task died while starting: {exc}") from exc
 
 
 def give_up(pending: list[PendingTask], names: list[str], waited_s: float) -> PlacementError:

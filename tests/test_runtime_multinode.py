@@ -1,0 +1,58 @@
+"""The runtime on a real multi-raylet Ray cluster (head + 3 nodes on this machine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticps.examples import digits
+from elasticps.runtime import relative_error, train_single_process
+from tests.helpers import make_job, run_until_applied
+
+pytestmark = pytest.mark.slow
+TOL = 1e-5
+
+
+def test_exact_across_nodes_with_pins_and_measured_traffic(ray_cluster):
+    cluster, (n1, n2, n3) = ray_cluster
+    a, b, c = n1.node_id, n2.node_id, n3.node_id
+    program = digits.program(epochs=50)
+    numel = sum(p.numel() for p in program.build_model().parameters())
+    job = make_job(1, 1, program)
+    job = type(job)(program, job.config, 1, 1, placement={"ps-0": a, "worker-0": b})
+    job.run(max_steps=4)
+    assert job.placement() == {"ps-0": a, "worker-0": b}
+    report = job.report()
+    # 4 steps x (numel float32) pulled a -> b and pushed b -> a; nothing else moved.
+    assert report.bytes_between_nodes == {f"{a}->{b}": 4 * 4 * numel, f"{b}->{a}": 4 * 4 * numel}
+    assert report.cross_node_bytes == 2 * 4 * 4 * numel
+
+    pins = {"ps-0": a, "ps-1": b, "worker-0": b, "worker-1": c, "worker-2": c}
+    run_until_applied(job, job.rescale(2, 3, pins))
+    assert job.placement() == pins
+    job.run(max_steps=3)
+    run_until_applied(job, job.rescale(1, 2, {"ps-0": c, "worker-0": c, "worker-1": c}))
+    assert set(job.placement().values()) == {c}
+    job.run(max_steps=3)
+
+    ref = train_single_process(program, max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def test_losing_a_whole_node_recovers_and_stays_exact(ray_cluster, tmp_path):
+    cluster, (n1, n2, n3) = ray_cluster
+    program = digits.program(epochs=2)
+    job = make_job(1, 2, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5, liveness_timeout_s=5.0)
+    job = type(job)(
+        program, job.config, 1, 2, placement={"ps-0": n3.node_id, "worker-0": n3.node_id, "worker-1": n2.node_id}
+    )
+    job.run(max_steps=8)
+    cluster.remove_node(n3, allow_graceful=False)  # the raylet and every process on it die
+    report = job.run()
+    assert report.state == "finished"
+    assert any("restored from checkpoint at step 5" in e for e in report.events), report.events
+    assert any("worker(s) died" in e for e in report.events)
+    assert n3.node_id not in job.placement().values()
+    ref = train_single_process(program)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
