@@ -13,7 +13,7 @@ TOL = 1e-5
 
 
 def test_exact_across_nodes_with_pins_and_measured_traffic(ray_cluster):
-    cluster, (n1, n2, n3) = ray_cluster
+    _cluster, (n1, n2, n3) = ray_cluster
     a, b, c = n1.node_id, n2.node_id, n3.node_id
     program = digits.program(epochs=50)
     numel = sum(p.numel() for p in program.build_model().parameters())
@@ -40,7 +40,7 @@ def test_exact_across_nodes_with_pins_and_measured_traffic(ray_cluster):
 
 
 def test_losing_a_whole_node_recovers_and_stays_exact(ray_cluster, tmp_path):
-    cluster, (n1, n2, n3) = ray_cluster
+    cluster, (_n1, n2, n3) = ray_cluster
     program = digits.program(epochs=2)
     job = make_job(1, 2, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5, liveness_timeout_s=5.0)
     job = type(job)(
