@@ -32,6 +32,9 @@ ELEMENTWISE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adagrad": torch.optim.Adagrad,
 }
 
+#: Optimizers with a fused CPU kernel in torch, used unless the program asks otherwise.
+FUSED_OPTIMIZERS = frozenset({"sgd", "adam", "adamw", "adagrad"})
+
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = Callable[[torch.Tensor, torch.Tensor], float]
 
@@ -107,9 +110,14 @@ class TrainingProgram:
         return None if self.eval_dataset is None else _materialize(self.eval_dataset, "eval_dataset")
 
     def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        """The program's optimizer over ``params``; the fused kernel where torch has one
+        (the same elementwise update, several times faster on a CPU)."""
         cls = ELEMENTWISE_OPTIMIZERS[self.optimizer]
+        kwargs = dict(self.optimizer_kwargs)
+        if self.optimizer in FUSED_OPTIMIZERS and "foreach" not in kwargs:
+            kwargs.setdefault("fused", True)
         try:
-            return cls(params, lr=self.lr, **self.optimizer_kwargs)
+            return cls(params, lr=self.lr, **kwargs)
         except TypeError as exc:
             raise ProgramError(f"bad optimizer_kwargs for {self.optimizer}: {exc}") from exc
 

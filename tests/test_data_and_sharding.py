@@ -84,3 +84,21 @@ def test_concat_refuses_disagreeing_shards():
     b = ShardState(np.zeros(2, np.float32), {}, {"step": 2.0})
     with pytest.raises(ValueError, match="disagree on scalar"):
         concat_shards([a, b])
+
+
+@given(st.integers(1, 6), st.integers(0, 2**16))
+def test_bind_gives_the_model_exactly_the_pulled_parameters(num_shards, seed):
+    torch.manual_seed(seed % 1000)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3))
+    flat = FlatModel(model)
+    rng = np.random.default_rng(seed)
+    full = rng.standard_normal(flat.numel).astype(np.float32)
+    bounds = shard_bounds(flat.numel, num_shards)
+    parts = [full[lo:hi].copy() for lo, hi in bounds]
+    for part in parts:
+        part.setflags(write=False)  # as the object store hands them out
+    flat.bind(parts, bounds)
+    assert np.array_equal(flat_params(model), full)
+    x = torch.ones(2, 5)
+    model(x).sum().backward()  # gradients still land in the flat buffer
+    assert float(flat.grads.abs().sum()) > 0

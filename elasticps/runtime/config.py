@@ -50,6 +50,8 @@ class JobConfig:
         liveness_timeout_s: how long a task may take to answer a ping after a
             failure before it is declared dead.
         replace_dead_workers: start a replacement when a worker dies.
+        gns_every_steps: measure the gradient noise scale every this many steps
+            (0: never). A measured step runs the local batch as two halves.
         ps_resources / worker_resources: what each task asks of Ray.
         ps_threads / worker_threads: torch intra-op threads per task.
     """
@@ -62,6 +64,7 @@ class JobConfig:
     placement_timeout_s: float = 60.0
     liveness_timeout_s: float = 10.0
     replace_dead_workers: bool = True
+    gns_every_steps: int = 10
     ps_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
     worker_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
     ps_threads: int = 1
@@ -72,6 +75,8 @@ class JobConfig:
             raise ConfigError(f"mode must be 'sync' or 'async', got {self.mode!r}")
         if self.max_staleness is not None and (self.mode != "async" or self.max_staleness < 0):
             raise ConfigError("max_staleness needs mode='async' and a value >= 0")
+        if self.gns_every_steps < 0:
+            raise ConfigError("gns_every_steps must be >= 0")
         if self.checkpoint_every_steps < 0:
             raise ConfigError("checkpoint_every_steps must be >= 0")
         for name in ("report_interval_s", "placement_timeout_s", "liveness_timeout_s"):

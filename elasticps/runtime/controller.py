@@ -319,8 +319,12 @@ class JobController:
 
     # ------------------------------------------------------------ sync step
     def _sync_step(self) -> None:
+        """One bulk-synchronous step. Updates are submitted with the worker calls;
+        each shard waits for the gradients itself, so a step costs the controller
+        one round trip. A shard applies a step whole or not at all."""
         assert self._batches is not None
         idx, next_pos = self._batches.take(self.position, self.program.batch_size)
+        measure = self._measure_gns()
         t0 = time.perf_counter()
         calls = []
         for rank, (w, part) in enumerate(zip(self.workers, split_evenly(idx, len(self.workers)), strict=True)):
@@ -333,27 +337,32 @@ class JobController:
                 self._bounds,
                 len(idx),
                 worker_seed(self.program.seed, self.step, rank),
+                measure,
             )
             calls.append((w, refs))
-        try:
-            stats = ray.get([refs[0] for _, refs in calls])
-        except ray.exceptions.RayError as exc:
-            self._recover(exc)
-            return
         applies = [
-            ps.handle.apply.options(num_returns=2).remote(self.step, [refs[j + 1] for _, refs in calls])
+            ps.handle.apply.options(num_returns=2).remote(self.step, [refs[j + 1] for _, refs in calls], measure)
             for j, ps in enumerate(self.ps)
         ]
-        try:
-            infos = ray.get([a[0] for a in applies])
-        except ray.exceptions.RayError as exc:
-            self._recover(exc, ps_inconsistent=True)
+        stats, stats_error = _get_each([refs[0] for _, refs in calls])
+        infos, apply_error = _get_each([a[0] for a in applies])
+        applied = sum(i is not None for i in infos)
+        if applied < len(applies):
+            # No shard updated: redo the step. Some did: the PS state is torn.
+            self._recover(stats_error or apply_error, ps_inconsistent=applied > 0)  # type: ignore[arg-type]
             return
         self._param_refs = [a[1] for a in applies]
+        done = [(w, s) for (w, _), s in zip(calls, stats, strict=True) if s is not None]
         wall = time.perf_counter() - t0
-        self._account(stats, infos, [w for w, _ in calls], wall, len(idx), big_batch=len(idx))
+        self._account([s for _, s in done], infos, [w for w, _ in done], wall, len(idx), big_batch=len(idx))  # type: ignore[misc]
         self.step += 1
         self._advance(len(idx), next_pos)
+        if stats_error is not None:  # a worker died after its gradient was in: the step stands
+            self._recover(stats_error)
+
+    def _measure_gns(self) -> bool:
+        every = self.config.gns_every_steps
+        return every > 0 and self.step % every == 0
 
     # ----------------------------------------------------------- async steps
     def _async_segment(self, budget: int | None) -> None:
@@ -416,7 +425,7 @@ class JobController:
             else:
                 try:
                     applies = [
-                        ps.handle.apply.options(num_returns=2).remote(self.step, [refs[j + 1]])
+                        ps.handle.apply.options(num_returns=2).remote(self.step, [refs[j + 1]], False)
                         for j, ps in enumerate(self.ps)
                     ]
                     infos = ray.get([a[0] for a in applies])
@@ -459,10 +468,11 @@ class JobController:
         big_batch: int,
     ) -> None:
         n = len(stats)
+        last_sent = max(s["sent_at"] for s in stats)
         times = StepTimes(
             compute_s=sum(s["compute_s"] for s in stats) / n,
             pull_s=sum(s["pull_s"] for s in stats) / n,
-            push_s=max(i["recv_s"] for i in infos),
+            push_s=max(0.0, max(i["received_at"] for i in infos) - last_sent),
             update_s=max(i["update_s"] for i in infos),
         )
         busy = max(s["compute_s"] + s["pull_s"] for s in stats) + times.push_s + times.update_s
@@ -475,7 +485,7 @@ class JobController:
                     self._bytes[down] = self._bytes.get(down, 0) + pulled
                     self._bytes[up] = self._bytes.get(up, 0) + pushed
             halves = [s for s in stats if s["batch_half"] > 0]
-            if halves:
+            if halves and (not big_batch or all("grad_sqnorm" in i for i in infos)):
                 small = GradientSample(
                     batch_small=halves[0]["batch_half"],
                     sqnorm_small=sum(s["sqnorm_half"] for s in halves) / len(halves),
@@ -591,16 +601,7 @@ class JobController:
     # ------------------------------------------------------- shape changes
     def _boundary(self) -> None:
         """At a step boundary: start, apply or fail pending shape changes; checkpoint."""
-        with self._lock:
-            shape, request_id = self._target, self._request_id
-        if self._pending is not None and self._pending.request_id != request_id:
-            self._cancel_pending()
-        if self._pending is None and (request_id > self._applied_request or self._below_target(shape)):
-            reason = "request" if request_id > self._applied_request else "replace"
-            try:
-                self._pending = self._launch(shape, request_id, reason=reason, strict=False)
-            except PlacementError as exc:
-                self._fail_request(request_id, shape, str(exc), 0.0)
+        self._launch_pending()
         pending = self._pending
         if pending is not None:
             started = [*pending.new_ps.values(), *pending.new_workers.values()]
@@ -618,6 +619,32 @@ class JobController:
         every = self.config.checkpoint_every_steps
         if self._store and every and self.step - self._last_ckpt_step >= every:
             self.checkpoint()
+
+    def _launch_pending(self) -> None:
+        """Start the tasks of the newest request (or of replacements) if not started yet."""
+        with self._lock:
+            shape, request_id = self._target, self._request_id
+        if self._pending is not None and self._pending.request_id != request_id:
+            self._cancel_pending()
+        if self._pending is None and (request_id > self._applied_request or self._below_target(shape)):
+            reason = "request" if request_id > self._applied_request else "replace"
+            try:
+                self._pending = self._launch(shape, request_id, reason=reason, strict=False)
+            except PlacementError as exc:
+                self._fail_request(request_id, shape, str(exc), 0.0)
+
+    def prepare(self, timeout_s: float | None = None) -> bool:
+        """Start the tasks of the newest rescale request and wait (at most
+        ``timeout_s``) until they run, without training meanwhile. The switch
+        itself happens at the next step boundary. For callers that drive
+        :meth:`run` themselves; returns whether everything is running."""
+        self._launch_pending()
+        if self._pending is None:
+            return True
+        started = [p.ready_ref for p in (*self._pending.new_ps.values(), *self._pending.new_workers.values())]
+        timeout = self.config.placement_timeout_s if timeout_s is None else timeout_s
+        _, not_ready = ray.wait(started, num_returns=len(started), timeout=timeout)
+        return not not_ready
 
     def _pending_ready(self) -> bool:
         with self._lock:
@@ -824,6 +851,19 @@ class JobController:
                 f"checkpoint in {self.config.checkpoint_dir} is for seed {ckpt.seed} / {ckpt.optimizer}, "
                 f"the program has seed {self.program.seed} / {self.program.optimizer}"
             )
+
+
+def _get_each(refs: list[Any]) -> tuple[list[Any], ray.exceptions.RayError | None]:
+    """Every value that arrived (None for the failed ones) and the first error."""
+    values: list[Any] = []
+    first: ray.exceptions.RayError | None = None
+    for ref in refs:
+        try:
+            values.append(ray.get(ref))
+        except ray.exceptions.RayError as exc:
+            values.append(None)
+            first = first or exc
+    return values, first
 
 
 def _crosses(key: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -23,6 +25,7 @@ class FlatModel:
         self.numel = sum(p.numel() for p in plist)
         self.params = torch.zeros(self.numel, dtype=torch.float32)
         self.grads = torch.zeros(self.numel, dtype=torch.float32)
+        self._layout: list[tuple[torch.nn.Parameter, int, int]] = []
         offset = 0
         with torch.no_grad():
             for p in plist:
@@ -30,7 +33,36 @@ class FlatModel:
                 self.params[offset : offset + n].copy_(p.data.reshape(-1))
                 p.data = self.params[offset : offset + n].view_as(p)
                 p.grad = self.grads[offset : offset + n].view_as(p)
+                self._layout.append((p, offset, n))
                 offset += n
+
+    def bind(self, parts: list[np.ndarray], bounds: list[tuple[int, int]]) -> None:
+        """Use pulled shard arrays as the parameters without copying where possible.
+
+        A parameter that lies inside one shard becomes a (read-only) view of that
+        shard's array, which on the same node is the object store's memory; one
+        that straddles two shards is copied into the local flat buffer.
+        ``params`` is only complete for the copied parameters afterwards.
+        """
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays: parameters are only read
+            shard_tensors = [torch.from_numpy(part) for part in parts]
+        j = 0
+        for p, offset, n in self._layout:
+            while bounds[j][1] <= offset:
+                j += 1
+            lo, hi = bounds[j]
+            if offset + n <= hi:
+                p.data = shard_tensors[j][offset - lo : offset - lo + n].view_as(p)
+                continue
+            dst = self.params[offset : offset + n]
+            pos, k = offset, j
+            while pos < offset + n:
+                klo, khi = bounds[k]
+                end = min(khi, offset + n)
+                dst[pos - offset : end - offset].copy_(shard_tensors[k][pos - klo : end - klo])
+                pos, k = end, k + 1
+            p.data = dst.view_as(p)
 
     def params_numpy(self) -> np.ndarray:
         return self.params.numpy()

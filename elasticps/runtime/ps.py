@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -63,24 +64,32 @@ class PSShard:
         return self.version
 
     # -- training ---------------------------------------------------------------
-    def apply(self, step: int, grad_refs: list[ray.ObjectRef]) -> tuple[dict[str, float], np.ndarray]:
-        """Sum the workers' gradient slices for ``step`` and update.
+    def apply(self, step: int, grad_refs: list[ray.ObjectRef], measure: bool) -> tuple[dict[str, float], np.ndarray]:
+        """Sum the workers' gradient slices for ``step`` (in the order given) and update.
 
-        Returns timings, the squared norm of the summed gradient (for the noise
-        scale), and the new parameters, which become the next pulls.
+        Waits for the gradients itself, so the controller can submit the update
+        together with the workers' steps. Returns timings, with ``measure`` the
+        squared norm of the summed gradient (for the noise scale), and the new
+        parameters, which become the next pulls.
         """
-        t0 = time.perf_counter()
         grads = ray.get(grad_refs)
+        received_at = time.time()
         t1 = time.perf_counter()
-        total = np.array(grads[0], dtype=np.float32, copy=True)
-        for g in grads[1:]:
-            total += g
-        self.param.grad = torch.from_numpy(total)
+        if len(grads) == 1:
+            total = grads[0]  # read-only view of the object store: the optimizer only reads it
+        else:
+            total = np.add(grads[0], grads[1])  # a fresh array: an optimizer may keep the grad it is given
+            for g in grads[2:]:
+                total += g
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # non-writable array: the grad is only read
+            self.param.grad = torch.from_numpy(total)
         self.opt.step()
         self.param.grad = None
         self.version = step + 1  # the step whose parameters these are
-        t2 = time.perf_counter()
-        info = {"recv_s": t1 - t0, "update_s": t2 - t1, "grad_sqnorm": float(np.dot(total, total))}
+        info = {"received_at": received_at, "update_s": time.perf_counter() - t1}
+        if measure:
+            info["grad_sqnorm"] = float(np.dot(total, total))
         return info, self.param.detach().numpy()
 
 

@@ -44,24 +44,23 @@ class Worker:
         bounds: list[tuple[int, int]],
         denominator: int,
         seed: int,
+        measure: bool = True,
     ) -> tuple[Any, ...]:
         """Gradient of ``sum(loss over indices) / denominator`` at the pulled parameters.
 
-        The local batch is processed as two halves so that the squared norms of
-        the half-batch and local-batch mean gradients come for free; together
-        with the global one they estimate the gradient noise scale.
+        With ``measure``, the local batch is processed as two halves so that the
+        squared norms of the half-batch and local-batch mean gradients come
+        almost for free; with the global one they estimate the noise scale.
         """
         t0 = time.perf_counter()
         parts = ray.get(param_refs)
-        params = self.flat.params_numpy()
-        for (lo, hi), part in zip(bounds, parts, strict=True):
-            params[lo:hi] = part
+        self.flat.bind(parts, bounds)
         t1 = time.perf_counter()
 
         torch.manual_seed(seed)
         x, y = fetch_batch(self.dataset, indices)
         b = len(indices)
-        half = b // 2
+        half = b // 2 if measure else 0
         grads = self.flat.grads
         grads.zero_()
         model = self.flat.model
@@ -75,7 +74,7 @@ class Worker:
             loss_sum += float(loss.detach()) * (hi - lo)
             if hi == half:
                 sq_half = float(torch.dot(grads, grads)) * (denominator / half) ** 2
-        sq_local = float(torch.dot(grads, grads)) * (denominator / b) ** 2
+        sq_local = float(torch.dot(grads, grads)) * (denominator / b) ** 2 if measure else float("nan")
         t2 = time.perf_counter()
         g = self.flat.grads_numpy()
         slices = [g[lo:hi] for lo, hi in bounds]
@@ -90,5 +89,6 @@ class Worker:
             "sqnorm_local": sq_local,
             "pull_bytes": [int(p.nbytes) for p in parts],
             "push_bytes": [int(s.nbytes) for s in slices],
+            "sent_at": time.time(),
         }
         return (stats, *slices)

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``elasticps bench ...``; each prints JSON."""

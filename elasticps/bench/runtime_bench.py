@@ -1,0 +1,166 @@
+"""``elasticps bench runtime``: the runtime's overheads, measured.
+
+Workloads (a user's, not picked to flatter a ratio):
+- throughput: the synthetic 10.0M-parameter MLP (40 MB of float32, ResNet-18
+  sized), Adam, global batch 256, one torch thread per worker, against the same
+  model, batch, data and thread count trained in one plain PyTorch process;
+- push+pull: 40 MB through the exact data path of a step (a worker's return
+  value into the object store, fetched by a PS, whose return value is fetched
+  and copied into the worker's model), against one 40 MB ``memcpy``;
+- rescale pauses: the same 10M model with Adam (parameters plus two moment
+  vectors move when PS shards change);
+- exactness: digits with Adam through the rescales 1x1 -> 2x3 -> 3x2 -> 1x2.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import ray
+
+from elasticps.examples import digits, synthetic
+from elasticps.raycluster import ensure_ray
+from elasticps.runtime import JobConfig, JobController, TaskResources, relative_error, train_single_process
+
+MB = 1e6
+PAYLOAD_FLOATS = 10_000_000  # 40 MB
+
+
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def memcpy_mbps(repeats: int) -> float:
+    src = np.random.default_rng(0).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
+    dst = np.empty_like(src)
+    return src.nbytes / MB / _median_time(lambda: np.copyto(dst, src), repeats)
+
+
+@ray.remote(num_cpus=0.5)
+class _WorkerSide:
+    def __init__(self) -> None:
+        self.grad = np.random.default_rng(1).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
+        self.params = np.empty_like(self.grad)
+
+    def push(self) -> np.ndarray:
+        return self.grad
+
+    def pull(self, refs: list) -> int:
+        [part] = ray.get(refs)
+        np.copyto(self.params, part)
+        return int(part.nbytes)
+
+
+@ray.remote(num_cpus=0.5)
+class _PSSide:
+    def __init__(self) -> None:
+        self.params = np.random.default_rng(2).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
+
+    def take(self, refs: list) -> np.ndarray:
+        [grad] = ray.get(refs)
+        return self.params if grad.shape == self.params.shape else self.params[:0]
+
+
+def pushpull_mbps(repeats: int) -> float:
+    """Bytes moved per second by one push (worker -> PS) and one pull (PS -> worker)."""
+    worker, ps = _WorkerSide.remote(), _PSSide.remote()
+
+    def round_trip() -> None:
+        grad_ref = worker.push.remote()
+        param_ref = ps.take.remote([grad_ref])
+        ray.get(worker.pull.remote([param_ref]))
+
+    seconds = _median_time(round_trip, repeats)
+    for a in (worker, ps):
+        ray.kill(a)
+    return 2 * PAYLOAD_FLOATS * 4 / MB / seconds
+
+
+def _bench_config(**kw: Any) -> JobConfig:
+    return JobConfig(
+        report_interval_s=3600.0,
+        ps_resources=TaskResources(cpu=1.0),
+        worker_resources=TaskResources(cpu=1.0),
+        placement_timeout_s=300.0,
+        **kw,
+    )
+
+
+def throughput(steps: int, batch: int) -> dict[str, float]:
+    program = synthetic.program(batch_size=batch, epochs=100, num_samples=batch * (steps + 4))
+    ref = train_single_process(program, max_steps=steps + 2, threads=1, skip_steps=2)
+    job = JobController(program, _bench_config(), 1, 1)
+    job.run(max_steps=2)  # warm-up
+    t0 = time.perf_counter()
+    job.run(max_steps=steps)
+    elapsed = time.perf_counter() - t0
+    job.shutdown()
+    return {"single_process_samples_per_s": ref.samples_per_s, "ps_1x1_samples_per_s": steps * batch / elapsed}
+
+
+def rescale_pauses(batch: int) -> dict[str, float]:
+    program = synthetic.program(batch_size=batch, epochs=1000, num_samples=batch * 8)
+    job = JobController(program, _bench_config(), 1, 1)
+    job.start()
+    thread = job.run_in_thread()
+    pauses = {}
+    for name, shape in (("add_worker", (1, 2)), ("remove_worker", (1, 1)), ("add_ps", (2, 1)), ("remove_ps", (1, 1))):
+        rec = job.wait_rescale(job.rescale(*shape), timeout_s=600)
+        pauses[name] = rec.pause_s
+    job.stop()
+    thread.join()
+    job.shutdown()
+    return pauses
+
+
+def sync_exactness(steps_per_shape: int) -> float:
+    program = digits.program(epochs=1000, optimizer="adam")
+    job = JobController(program, _bench_config(), 1, 1)
+    job.run(max_steps=steps_per_shape)
+    for shape in ((2, 3), (3, 2), (1, 2)):
+        job.rescale(*shape)
+        job.prepare()  # start the new tasks without training, so each shape runs a known number of steps
+        job.run(max_steps=steps_per_shape)
+    ref = train_single_process(program, max_steps=job.step)
+    err = relative_error(job.parameters(), ref.params)
+    job.shutdown()
+    return err
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    ensure_ray(num_cpus=8)
+    repeats = 5 if quick else 20
+    batch = 256
+    steps = 5 if quick else 20
+    out: dict[str, Any] = {
+        "workload": {
+            "model": "synthetic MLP 512-2048-2048-2048-256, 10.0M float32 parameters (40 MB), Adam",
+            "global_batch": batch,
+            "threads_per_process": 1,
+            "steps_timed": steps,
+            "payload_MB": PAYLOAD_FLOATS * 4 / MB,
+        }
+    }
+    out.update(throughput(steps, batch))
+    out["ps_1x1_over_single_process"] = out["ps_1x1_samples_per_s"] / out["single_process_samples_per_s"]
+    out["memcpy_MBps"] = memcpy_mbps(repeats)
+    out["pushpull_MBps"] = pushpull_mbps(repeats)
+    out["pushpull_over_memcpy"] = out["pushpull_MBps"] / out["memcpy_MBps"]
+    out["rescale_pause_s"] = rescale_pauses(batch)
+    out["sync_exactness_max_rel_err"] = sync_exactness(3 if quick else 10)
+    out["goals"] = {
+        "ps_1x1_over_single_process>=0.85": out["ps_1x1_over_single_process"] >= 0.85,
+        "pushpull_over_memcpy>=0.25": out["pushpull_over_memcpy"] >= 0.25,
+        "every_rescale_pause<1s": all(v < 1.0 for v in out["rescale_pause_s"].values()),
+        "sync_exactness<=1e-5": out["sync_exactness_max_rel_err"] <= 1e-5,
+    }
+    return out
