@@ -98,7 +98,7 @@ def test_placement_errors_are_clear_and_never_hang(ray_local):
     run_until_applied(job, request)
     with pytest.raises(
         PlacementError,
-        match=r"not running within 1\d s \(no room, or too slow to start\): worker-2 \(needs \{'CPU': 0.5\} on node [0-9a-f]+\)$",
+        match=r"not running within 1\d s \(no room, or too slow to start\): worker-2 \(needs \{.CPU.: 0.5\} on node \w+\)$",  # noqa: E501
     ):
         job.wait_rescale(request, timeout_s=1)
     ray.kill(tenant)
