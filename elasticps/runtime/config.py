@@ -50,6 +50,8 @@ class JobConfig:
         liveness_timeout_s: how long a task may take to answer a ping after a
             failure before it is declared dead.
         replace_dead_workers: start a replacement when a worker dies.
+        shared_memory: ``sync`` only: tasks on the same node exchange gradients
+            and parameters through shared memory instead of copies.
         gns_every_steps: measure the gradient noise scale every this many steps
             (0: never). A measured step runs the local batch as two halves.
         ps_resources / worker_resources: what each task asks of Ray.
@@ -65,6 +67,7 @@ class JobConfig:
     liveness_timeout_s: float = 10.0
     replace_dead_workers: bool = True
     gns_every_steps: int = 10
+    shared_memory: bool = True
     ps_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
     worker_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
     ps_threads: int = 1

@@ -223,8 +223,8 @@ class JobController:
         return self.position.epoch >= self.program.epochs
 
     def parameters(self) -> np.ndarray:
-        """The current flat parameters (gathered from the PS shards)."""
-        return np.concatenate(ray.get(self._param_refs))
+        """A copy of the current flat parameters, gathered from the PS shards."""
+        return np.concatenate(ray.get([t.handle.params.remote() for t in self.ps]))
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -338,10 +338,16 @@ class JobController:
                 len(idx),
                 worker_seed(self.program.seed, self.step, rank),
                 measure,
+                [ps.node_id == w.node_id for ps in self.ps],
             )
             calls.append((w, refs))
         applies = [
-            ps.handle.apply.options(num_returns=2).remote(self.step, [refs[j + 1] for _, refs in calls], measure)
+            ps.handle.apply.options(num_returns=2).remote(
+                self.step,
+                [refs[j + 1] for _, refs in calls],
+                measure,
+                any(w.node_id != ps.node_id for w in self.workers),
+            )
             for j, ps in enumerate(self.ps)
         ]
         stats, stats_error = _get_each([refs[0] for _, refs in calls])
@@ -682,7 +688,14 @@ class JobController:
                         continue
                     if want is not None:
                         tasks.check_fits(name, want, resources[kind], nodes)
-                    new[kind][i] = tasks.launch(kind, self.program, resources[kind], threads[kind], want)  # type: ignore[arg-type]
+                    new[kind][i] = tasks.launch(
+                        kind,  # type: ignore[arg-type]
+                        self.program,
+                        resources[kind],
+                        threads[kind],
+                        want,
+                        shared_memory=self.config.mode == "sync" and self.config.shared_memory,
+                    )
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:
                 tasks.kill(p.handle)

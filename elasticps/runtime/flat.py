@@ -16,7 +16,7 @@ class FlatModel:
     ``grads``. No copy is needed to send or receive a whole model.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, grads_buffer: np.ndarray | None = None) -> None:
         self.model = model
         plist = [p for p in model.parameters() if p.requires_grad]
         for p in plist:
@@ -24,7 +24,9 @@ class FlatModel:
                 raise TypeError(f"elasticps trains float32 parameters, found {p.dtype}")
         self.numel = sum(p.numel() for p in plist)
         self.params = torch.zeros(self.numel, dtype=torch.float32)
-        self.grads = torch.zeros(self.numel, dtype=torch.float32)
+        if grads_buffer is not None and grads_buffer.shape != (self.numel,):
+            raise ValueError(f"grads_buffer has shape {grads_buffer.shape}, the model needs ({self.numel},)")
+        self.grads = torch.zeros(self.numel) if grads_buffer is None else torch.from_numpy(grads_buffer)
         self._layout: list[tuple[torch.nn.Parameter, int, int]] = []
         offset = 0
         with torch.no_grad():

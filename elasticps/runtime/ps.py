@@ -12,6 +12,7 @@ import torch
 
 from elasticps.program import TrainingProgram
 from elasticps.runtime.shard_state import ShardState
+from elasticps.runtime.shm import Attachments, OwnedVector, ShmRef
 
 
 class PSShard:
@@ -23,9 +24,13 @@ class PSShard:
     in ``async`` mode, one worker's slice (scaled by 1/its batch), applied at once.
     """
 
-    def __init__(self, program: TrainingProgram, threads: int = 1) -> None:
+    def __init__(self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True) -> None:
         torch.set_num_threads(max(1, threads))
         self.program = program
+        self.shared_memory = shared_memory
+        self._param_shm: OwnedVector | None = None
+        self._old_shm: list[OwnedVector] = []
+        self._attached = Attachments()
         self.param = torch.nn.Parameter(torch.zeros(0))
         self.opt = program.make_optimizer([self.param])
         self.version = 0
@@ -36,7 +41,17 @@ class PSShard:
 
     def set_state(self, state: ShardState, version: int) -> np.ndarray:
         """Load a slice's state; returns the parameters (for the first pulls)."""
-        self.param = torch.nn.Parameter(torch.from_numpy(np.array(state.params, dtype=np.float32)))
+        if self.shared_memory:
+            # A new segment per shape; the previous one may still be mapped by readers of the last step.
+            for old in self._old_shm:
+                old.close()
+            self._old_shm = [self._param_shm] if self._param_shm is not None else []
+            self._param_shm = OwnedVector("param", state.numel)
+            self._param_shm.array[:] = state.params
+            data = torch.from_numpy(self._param_shm.array)
+        else:
+            data = torch.from_numpy(np.array(state.params, dtype=np.float32))
+        self.param = torch.nn.Parameter(data)
         self.opt = self.program.make_optimizer([self.param])
         if state.vectors or state.scalars:
             inner: dict[str, Any] = {k: torch.from_numpy(np.array(v)) for k, v in state.vectors.items()}
@@ -64,23 +79,24 @@ class PSShard:
         return self.version
 
     # -- training ---------------------------------------------------------------
-    def apply(self, step: int, grad_refs: list[ray.ObjectRef], measure: bool) -> tuple[dict[str, float], np.ndarray]:
+    def apply(
+        self, step: int, grads: list[ray.ObjectRef], measure: bool, copy_out: bool = True
+    ) -> tuple[dict[str, float], np.ndarray | ShmRef]:
         """Sum the workers' gradient slices for ``step`` (in the order given) and update.
 
-        Waits for the gradients itself, so the controller can submit the update
-        together with the workers' steps. Returns timings, with ``measure`` the
-        squared norm of the summed gradient (for the noise scale), and the new
-        parameters, which become the next pulls.
+        ``grads`` are object refs to arrays (copies from other nodes) or to
+        :class:`ShmRef` (read in place). The shard waits for them itself, so the controller can
+        submit the update together with the workers' steps. Returns timings
+        (with ``measure``, the squared norm of the summed gradient, for the
+        noise scale) and the new parameters for the next pulls: a copy, or with
+        ``copy_out=False`` a :class:`ShmRef` to them for same-node workers.
         """
-        grads = ray.get(grad_refs)
+        arrays = [self._attached.resolve(g) for g in ray.get(grads)]
         received_at = time.time()
         t1 = time.perf_counter()
-        if len(grads) == 1:
-            total = grads[0]  # read-only view of the object store: the optimizer only reads it
-        else:
-            total = np.add(grads[0], grads[1])  # a fresh array: an optimizer may keep the grad it is given
-            for g in grads[2:]:
-                total += g
+        total = arrays[0] if len(arrays) == 1 else np.add(arrays[0], arrays[1])
+        for g in arrays[2:]:
+            total += g
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # non-writable array: the grad is only read
             self.param.grad = torch.from_numpy(total)
@@ -90,6 +106,8 @@ class PSShard:
         info = {"received_at": received_at, "update_s": time.perf_counter() - t1}
         if measure:
             info["grad_sqnorm"] = float(np.dot(total, total))
+        if not copy_out and self._param_shm is not None:
+            return info, self._param_shm.ref()
         return info, self.param.detach().numpy()
 
 

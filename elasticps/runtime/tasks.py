@@ -65,13 +65,18 @@ def check_fits(task: str, node_id: str, resources: TaskResources, nodes: dict[st
 
 
 def launch(
-    kind: Kind, program: TrainingProgram, resources: TaskResources, threads: int, node_id: str | None
+    kind: Kind,
+    program: TrainingProgram,
+    resources: TaskResources,
+    threads: int,
+    node_id: str | None,
+    shared_memory: bool = False,
 ) -> PendingTask:
     """Start an actor (pinned to ``node_id`` with hard affinity if given); do not wait."""
     options: dict[str, Any] = {"max_restarts": 0, **resources.ray_options()}
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    handle = _actor_class(kind).options(**options).remote(program, threads)
+    handle = _actor_class(kind).options(**options).remote(program, threads, shared_memory)
     return PendingTask(kind, handle, handle.ready.remote(), node_id, resources)
 
 

@@ -13,6 +13,7 @@ import torch
 from elasticps.program import TrainingProgram
 from elasticps.runtime.data import fetch_batch
 from elasticps.runtime.flat import FlatModel
+from elasticps.runtime.shm import Attachments, OwnedVector
 
 
 class Worker:
@@ -24,11 +25,15 @@ class Worker:
     nothing.
     """
 
-    def __init__(self, program: TrainingProgram, threads: int = 1) -> None:
+    def __init__(self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True) -> None:
         torch.set_num_threads(max(1, threads))
         self.program = program
-        self.flat = FlatModel(program.build_model())
+        model = program.build_model()
+        numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self._grad_shm = OwnedVector("grad", numel) if shared_memory else None
+        self.flat = FlatModel(model, None if self._grad_shm is None else self._grad_shm.array)
         self.dataset = program.build_dataset()
+        self._attached = Attachments()
 
     def ready(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
@@ -45,15 +50,18 @@ class Worker:
         denominator: int,
         seed: int,
         measure: bool = True,
+        same_node: list[bool] | None = None,
     ) -> tuple[Any, ...]:
         """Gradient of ``sum(loss over indices) / denominator`` at the pulled parameters.
 
         With ``measure``, the local batch is processed as two halves so that the
         squared norms of the half-batch and local-batch mean gradients come
         almost for free; with the global one they estimate the noise scale.
+        For shards marked ``same_node``, the gradient is handed over as a
+        :class:`ShmRef` into this worker's shared buffer instead of a copy.
         """
         t0 = time.perf_counter()
-        parts = ray.get(param_refs)
+        parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
         self.flat.bind(parts, bounds)
         t1 = time.perf_counter()
 
@@ -77,7 +85,11 @@ class Worker:
         sq_local = float(torch.dot(grads, grads)) * (denominator / b) ** 2 if measure else float("nan")
         t2 = time.perf_counter()
         g = self.flat.grads_numpy()
-        slices = [g[lo:hi] for lo, hi in bounds]
+        local = same_node if (same_node is not None and self._grad_shm is not None) else [False] * len(bounds)
+        slices: list[Any] = [
+            self._grad_shm.ref(lo, hi) if here and self._grad_shm else g[lo:hi]
+            for (lo, hi), here in zip(bounds, local, strict=True)
+        ]
         stats = {
             "step": step,
             "samples": b,
@@ -87,7 +99,7 @@ class Worker:
             "batch_half": half,
             "sqnorm_half": sq_half,
             "sqnorm_local": sq_local,
-            "pull_bytes": [int(p.nbytes) for p in parts],
+            "pull_bytes": [int(p.nbytes) for p in parts],  # same-node bytes are read in place
             "push_bytes": [int(s.nbytes) for s in slices],
             "sent_at": time.time(),
         }
