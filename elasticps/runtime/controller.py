@@ -143,9 +143,9 @@ class JobController:
         self._bytes: dict[str, int] = {}
         self._epoch_start = (0.0, 0)
         self._last_ckpt_step = -1
-        self._suspect_nodes: set[str] = (
-            set()
-        )  # nodes where tasks died: not pinned to again (a dead raylet is seen late)
+        self._nodes_used: set[str] = set()  # where the job's tasks ran: swept at shutdown
+        # Nodes where tasks died: not pinned to again (a dead raylet is seen late).
+        self._suspect_nodes: set[str] = set()
 
     # ------------------------------------------------------------------ API
     def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str] | None = None) -> int:
@@ -301,11 +301,12 @@ class JobController:
         return thread
 
     def shutdown(self) -> None:
-        """Kill every task of the job (parameters live on in the checkpoints)."""
-        for t in self.ps + self.workers:
-            tasks.kill(t.handle)
+        """Stop every task of the job (parameters live on in the checkpoints)."""
+        tasks.retire([t.handle for t in self.ps + self.workers])
         if self._pending:
             self._cancel_pending()
+        self._nodes_used.update(t.node_id for t in self.ps + self.workers)
+        tasks.sweep_nodes(self._nodes_used)
         self.ps, self.workers, self._param_refs = [], [], []
 
     def checkpoint(self) -> None:
@@ -777,9 +778,8 @@ class JobController:
             ray.get(refs)
             self._param_refs, self._bounds = refs, bounds
         keep = {id(t.handle) for t in ps + workers}
-        for t in self.ps + self.workers:
-            if id(t.handle) not in keep:
-                tasks.kill(t.handle)
+        tasks.retire([t.handle for t in self.ps + self.workers if id(t.handle) not in keep])
+        self._nodes_used.update(t.node_id for t in ps + workers)
         with self._lock:
             self.ps, self.workers = ps, workers
 

@@ -78,6 +78,13 @@ class PSShard:
     def ping(self) -> int:
         return self.version
 
+    def close(self) -> None:
+        """Unlink this shard's shared memory (before the actor is killed)."""
+        for vec in [*self._old_shm, self._param_shm]:
+            if vec is not None:
+                vec.close()
+        self._old_shm, self._param_shm = [], None
+
     # -- training ---------------------------------------------------------------
     def apply(
         self, step: int, grads: list[ray.ObjectRef], measure: bool, copy_out: bool = True

@@ -8,12 +8,15 @@ while computing, the shard reads them only while updating, and the shard
 writes its parameters only after every worker of the step has finished
 reading them. Tasks on other nodes get copies through Ray's object store.
 
-A segment is unlinked when its creator closes it or dies (Python's resource
-tracker); readers do not own what they attach.
+A segment is unlinked when its creator closes it. Segments of tasks that died
+are swept: the creator's pid is part of the name, and :func:`sweep` removes
+every elasticps segment whose creator is gone. Readers own nothing.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -37,8 +40,41 @@ class ShmRef:
         return 4 * (self.hi - self.lo)
 
 
+SHM_DIR = "/dev/shm"
+_NAME = re.compile(r"^eps-[a-z]+-(\d+)-[0-9a-f]+$")
+
+
 def new_name(kind: str) -> str:
-    return f"eps-{kind}-{uuid.uuid4().hex[:16]}"
+    return f"eps-{kind}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def sweep(directory: str = SHM_DIR) -> int:
+    """Unlink elasticps segments whose creating process is gone; returns how many."""
+    removed = 0
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return 0
+    for name in names:
+        m = _NAME.match(name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class OwnedVector:

@@ -134,6 +134,37 @@ def is_alive(handle: Any, timeout_s: float) -> bool:
     return True
 
 
+def retire(handles: list[Any], timeout_s: float = 5.0) -> None:
+    """Let tasks release what they hold (shared memory), then kill them."""
+    refs = []
+    for h in handles:
+        with contextlib.suppress(Exception):
+            refs.append(h.close.remote())
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    for h in handles:
+        kill(h)
+
+
+@ray.remote(num_cpus=0)
+def _sweep_node() -> int:
+    from elasticps.runtime.shm import sweep
+
+    return sweep()
+
+
+def sweep_nodes(node_ids: set[str], timeout_s: float = 10.0) -> None:
+    """Remove shared memory left by dead tasks on each of ``node_ids`` (best effort)."""
+    alive = alive_nodes()
+    refs = [
+        _sweep_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=n, soft=False)).remote()
+        for n in node_ids
+        if n in alive
+    ]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
+
 def kill(handle: Any) -> None:
     with contextlib.suppress(Exception):
         ray.kill(handle, no_restart=True)

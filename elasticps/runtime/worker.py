@@ -41,6 +41,13 @@ class Worker:
     def ping(self) -> int:
         return os.getpid()
 
+    def close(self) -> None:
+        """Unlink this worker's shared memory (before the actor is killed)."""
+        if self._grad_shm is not None:
+            self.flat = None  # type: ignore[assignment]  # drop the views first
+            self._grad_shm.close()
+            self._grad_shm = None
+
     def step(
         self,
         step: int,
