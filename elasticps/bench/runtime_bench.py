@@ -4,9 +4,10 @@ Workloads (a user's, not picked to flatter a ratio):
 - throughput: the synthetic 10.0M-parameter MLP (40 MB of float32, ResNet-18
   sized), Adam, global batch 256, one torch thread per worker, against the same
   model, batch, data and thread count trained in one plain PyTorch process;
-- push+pull: 40 MB through the exact data path of a step (a worker's return
-  value into the object store, fetched by a PS, whose return value is fetched
-  and copied into the worker's model), against one 40 MB ``memcpy``;
+- push+pull: 40 MB each way through the data path of a step on one node,
+  every byte read by the receiver, against one 40 MB ``memcpy``: through shared
+  memory (the runtime's same-node path) and through Ray's object store (the
+  path between nodes, measured here on one node);
 - rescale pauses: the same 10M model with Adam (parameters plus two moment
   vectors move when PS shards change);
 - exactness: digits with Adam through the rescales 1x1 -> 2x3 -> 3x2 -> 1x2.
@@ -24,6 +25,7 @@ import ray
 from elasticps.examples import digits, synthetic
 from elasticps.raycluster import ensure_ray
 from elasticps.runtime import JobConfig, JobController, TaskResources, relative_error, train_single_process
+from elasticps.runtime.shm import Attachments, OwnedVector, ShmRef
 
 MB = 1e6
 PAYLOAD_FLOATS = 10_000_000  # 40 MB
@@ -47,32 +49,56 @@ def memcpy_mbps(repeats: int) -> float:
 
 @ray.remote(num_cpus=0.5)
 class _WorkerSide:
-    def __init__(self) -> None:
-        self.grad = np.random.default_rng(1).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
-        self.params = np.empty_like(self.grad)
+    """The worker's end of a step's exchange, as the runtime does it."""
 
-    def push(self) -> np.ndarray:
-        return self.grad
+    def __init__(self, shared: bool) -> None:
+        grad = np.random.default_rng(1).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
+        self.shm = OwnedVector("grad", PAYLOAD_FLOATS) if shared else None
+        self.grad = grad if self.shm is None else self.shm.array
+        if self.shm is not None:
+            self.grad[:] = grad
+        self.params = np.empty_like(grad)
+        self.attached = Attachments()
+
+    def push(self) -> np.ndarray | ShmRef:
+        return self.grad if self.shm is None else self.shm.ref()
 
     def pull(self, refs: list) -> int:
         [part] = ray.get(refs)
-        np.copyto(self.params, part)
-        return int(part.nbytes)
+        np.copyto(self.params, self.attached.resolve(part))  # read every byte
+        return int(self.params.nbytes)
+
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
 
 
 @ray.remote(num_cpus=0.5)
 class _PSSide:
-    def __init__(self) -> None:
-        self.params = np.random.default_rng(2).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
+    def __init__(self, shared: bool) -> None:
+        params = np.random.default_rng(2).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
+        self.shm = OwnedVector("param", PAYLOAD_FLOATS) if shared else None
+        self.params = params if self.shm is None else self.shm.array
+        if self.shm is not None:
+            self.params[:] = params
+        self.grad = np.empty_like(params)
+        self.attached = Attachments()
 
-    def take(self, refs: list) -> np.ndarray:
+    def take(self, refs: list) -> np.ndarray | ShmRef:
         [grad] = ray.get(refs)
-        return self.params if grad.shape == self.params.shape else self.params[:0]
+        np.copyto(self.grad, self.attached.resolve(grad))  # read every byte
+        return self.params if self.shm is None else self.shm.ref()
+
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
 
 
-def pushpull_mbps(repeats: int) -> float:
-    """Bytes moved per second by one push (worker -> PS) and one pull (PS -> worker)."""
-    worker, ps = _WorkerSide.remote(), _PSSide.remote()
+def pushpull_mbps(repeats: int, shared: bool) -> float:
+    """Bytes moved per second by one push (worker -> PS) and one pull (PS -> worker)
+    on one node: in place through shared memory (``shared``, the runtime's
+    same-node path) or copied through Ray's object store (its cross-node path)."""
+    worker, ps = _WorkerSide.remote(shared), _PSSide.remote(shared)
 
     def round_trip() -> None:
         grad_ref = worker.push.remote()
@@ -80,6 +106,7 @@ def pushpull_mbps(repeats: int) -> float:
         ray.get(worker.pull.remote([param_ref]))
 
     seconds = _median_time(round_trip, repeats)
+    ray.get([worker.close.remote(), ps.close.remote()])
     for a in (worker, ps):
         ray.kill(a)
     return 2 * PAYLOAD_FLOATS * 4 / MB / seconds
@@ -153,8 +180,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     out.update(throughput(steps, batch))
     out["ps_1x1_over_single_process"] = out["ps_1x1_samples_per_s"] / out["single_process_samples_per_s"]
     out["memcpy_MBps"] = memcpy_mbps(repeats)
-    out["pushpull_MBps"] = pushpull_mbps(repeats)
+    out["pushpull_MBps"] = pushpull_mbps(repeats, shared=True)
     out["pushpull_over_memcpy"] = out["pushpull_MBps"] / out["memcpy_MBps"]
+    out["pushpull_object_store_MBps"] = pushpull_mbps(repeats, shared=False)
     out["rescale_pause_s"] = rescale_pauses(batch)
     out["sync_exactness_max_rel_err"] = sync_exactness(3 if quick else 10)
     out["goals"] = {

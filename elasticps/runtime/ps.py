@@ -12,7 +12,7 @@ import torch
 
 from elasticps.program import TrainingProgram
 from elasticps.runtime.shard_state import ShardState
-from elasticps.runtime.shm import Attachments, OwnedVector, ShmRef
+from elasticps.runtime.shm import Attachments, OwnedVector, ShmRef, available
 
 
 class PSShard:
@@ -27,7 +27,7 @@ class PSShard:
     def __init__(self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True) -> None:
         torch.set_num_threads(max(1, threads))
         self.program = program
-        self.shared_memory = shared_memory
+        self.shared_memory = shared_memory and available()
         self._param_shm: OwnedVector | None = None
         self._old_shm: list[OwnedVector] = []
         self._attached = Attachments()

@@ -8,19 +8,19 @@ while computing, the shard reads them only while updating, and the shard
 writes its parameters only after every worker of the step has finished
 reading them. Tasks on other nodes get copies through Ray's object store.
 
-A segment is unlinked when its creator closes it. Segments of tasks that died
+A file is unlinked when its creator closes it. Segments of tasks that died
 are swept: the creator's pid is part of the name, and :func:`sweep` removes
 every elasticps segment whose creator is gone. Readers own nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
@@ -77,53 +77,54 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def available() -> bool:
+    """Whether this node has a shared-memory file system (Linux's /dev/shm)."""
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
 class OwnedVector:
-    """A float32 vector in a shared-memory segment that this process created."""
+    """A float32 vector in a shared-memory file that this process created.
+
+    Mappings are plain ``numpy.memmap`` objects: a mapping lives as long as any
+    array viewing it, so nothing here can unmap memory that is still in use.
+    """
 
     def __init__(self, kind: str, numel: int) -> None:
         self.numel = numel
-        self._shm = shared_memory.SharedMemory(name=new_name(kind), create=True, size=max(4, 4 * numel))
-        self.array = np.ndarray((numel,), dtype=np.float32, buffer=self._shm.buf)
-        self.array[:] = 0.0
-
-    @property
-    def name(self) -> str:
-        return self._shm.name
+        self.name = new_name(kind)
+        self.path = os.path.join(SHM_DIR, self.name)
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, max(4, 4 * numel))
+        finally:
+            os.close(fd)
+        self.array: np.ndarray = np.memmap(self.path, dtype=np.float32, mode="r+", shape=(numel,))
 
     def ref(self, lo: int = 0, hi: int | None = None) -> ShmRef:
         return ShmRef(self.name, lo, self.numel if hi is None else hi)
 
     def close(self) -> None:
-        """Release and unlink; only valid once nothing uses ``array`` any more."""
-        del self.array
-        try:
-            self._shm.close()
-            self._shm.unlink()
-        except (FileNotFoundError, BufferError):
-            pass
+        """Unlink the file; memory is freed when the last view of it is gone."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 class Attachments:
-    """Read access to other tasks' segments, attached once and kept (LRU)."""
+    """Read-only mappings of other tasks' vectors, opened once and kept (LRU)."""
 
     def __init__(self) -> None:
-        self._open: OrderedDict[str, tuple[shared_memory.SharedMemory, np.ndarray]] = OrderedDict()
+        self._open: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def view(self, ref: ShmRef) -> np.ndarray:
-        entry = self._open.get(ref.name)
-        if entry is None:
-            shm = shared_memory.SharedMemory(name=ref.name)
-            # The creator owns the segment: do not let this process's tracker unlink it at exit.
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-            entry = (shm, np.ndarray((shm.size // 4,), dtype=np.float32, buffer=shm.buf))
-            self._open[ref.name] = entry
+        array = self._open.get(ref.name)
+        if array is None:
+            array = np.memmap(os.path.join(SHM_DIR, ref.name), dtype=np.float32, mode="r")
+            self._open[ref.name] = array
             while len(self._open) > MAX_ATTACHED:
-                self._open.popitem(last=False)  # the mapping closes when no view is left
+                self._open.popitem(last=False)  # unmapped once no view of it is left
         else:
             self._open.move_to_end(ref.name)
-        view = entry[1][ref.lo : ref.hi]
-        view.flags.writeable = False
-        return view
+        return array[ref.lo : ref.hi]
 
     def resolve(self, item: np.ndarray | ShmRef) -> np.ndarray:
         return self.view(item) if isinstance(item, ShmRef) else item

@@ -13,7 +13,7 @@ import torch
 from elasticps.program import TrainingProgram
 from elasticps.runtime.data import fetch_batch
 from elasticps.runtime.flat import FlatModel
-from elasticps.runtime.shm import Attachments, OwnedVector
+from elasticps.runtime.shm import Attachments, OwnedVector, available
 
 
 class Worker:
@@ -30,7 +30,7 @@ class Worker:
         self.program = program
         model = program.build_model()
         numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self._grad_shm = OwnedVector("grad", numel) if shared_memory else None
+        self._grad_shm = OwnedVector("grad", numel) if shared_memory and available() else None
         self.flat = FlatModel(model, None if self._grad_shm is None else self._grad_shm.array)
         self.dataset = program.build_dataset()
         self._attached = Attachments()
@@ -44,7 +44,6 @@ class Worker:
     def close(self) -> None:
         """Unlink this worker's shared memory (before the actor is killed)."""
         if self._grad_shm is not None:
-            self.flat = None  # type: ignore[assignment]  # drop the views first
             self._grad_shm.close()
             self._grad_shm = None
 
