@@ -164,3 +164,24 @@ def test_rescale_requests_are_validated(ray_local):
         job.rescale(0, 2)
     job.shutdown()
     assert np.isfinite(job.report().step)
+
+
+def test_digits_accuracy_is_the_same_static_or_rescaled(ray_local):
+    program = digits.program(epochs=15)
+    job = make_job(1, 1, program)
+    job.run(max_steps=60)
+    run_until_applied(job, job.rescale(2, 3))
+    job.run(max_steps=100)
+    run_until_applied(job, job.rescale(1, 2))
+    report = job.run()
+    assert report.state == "finished"
+    rescaled = report.epoch_reports[-1].metric
+
+    ref = train_single_process(program)
+    model = program.build_model()
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(ref.params), model.parameters())
+    x, y = program.build_eval_dataset().tensors
+    static = digits.accuracy(model(x), y)
+    assert rescaled >= 0.95 and static >= 0.95
+    assert abs(rescaled - static) <= 0.005
+    job.shutdown()
