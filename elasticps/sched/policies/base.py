@@ -1,0 +1,113 @@
+"""The protocol every policy implements, and the steps they share.
+
+All policies treat the cluster as one pool of resources (placement fits the
+tasks onto nodes afterwards) and share two rules:
+- a job gets at least its minimum shape or nothing: it waits rather than
+  starting short; jobs already running are admitted first, then by arrival;
+- never more than the available capacity, never outside a job's min/max.
+Same input, same decision: ties are broken by job id.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from elasticps.sched.objectives import Objective
+from elasticps.sched.types import ClusterView, Decision, JobView, Resources
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """What a policy remembers between rounds (hysteresis); pass it back in."""
+
+    shrink_wishes: dict[str, int] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(
+        self, jobs: list[JobView], cluster: ClusterView, state: PolicyState | None = None
+    ) -> tuple[Decision, PolicyState]: ...
+
+
+def admission_order(jobs: Iterable[JobView]) -> list[JobView]:
+    return sorted(jobs, key=lambda j: (j.current is None, j.arrival, j.id))
+
+
+def min_shape(job: JobView) -> tuple[int, int]:
+    return job.min_ps, job.min_workers
+
+
+def admit(
+    jobs: list[JobView], available: Resources, shape: Callable[[JobView], tuple[int, int]] = min_shape
+) -> tuple[Decision, Resources]:
+    """Give jobs, in admission order, ``shape(job)`` while it fits."""
+    decision: Decision = {}
+    left = available
+    for job in admission_order(jobs):
+        p, w = shape(job)
+        need = job.resources(p, w)
+        if need.fits_in(left):
+            decision[job.id] = (p, w)
+            left = left - need
+    return decision, left
+
+
+Score = Callable[[JobView, tuple[int, int], tuple[int, int]], float | None]
+
+
+def grow(
+    jobs: list[JobView],
+    decision: Decision,
+    left: Resources,
+    score: Score,
+    caps: dict[str, tuple[int, int]] | None = None,
+) -> tuple[Decision, Resources]:
+    """Repeatedly give one more PS or worker to the admitted job whose next task
+    scores highest (``score(job, old, new)``, None or <= 0: not worth it), while
+    it fits. ``caps`` bounds a job's shape below its maximum."""
+    by_id = {j.id: j for j in jobs}
+    heap: list[tuple[float, str, tuple[int, int]]] = []
+
+    def push(job: JobView) -> None:
+        p, w = decision[job.id]
+        cap_p, cap_w = (caps or {}).get(job.id, (job.max_ps, job.max_workers))
+        best: tuple[float, tuple[int, int]] | None = None
+        for new in ((p, w + 1), (p + 1, w)):
+            if new[0] > min(cap_p, job.max_ps) or new[1] > min(cap_w, job.max_workers):
+                continue
+            if not job.resources(new[0] - p, new[1] - w).fits_in(left):
+                continue
+            s = score(job, (p, w), new)
+            if s is not None and s > 0 and (best is None or s > best[0]):
+                best = (s, new)
+        if best is not None:
+            heapq.heappush(heap, (-best[0], job.id, best[1]))
+
+    for job_id in sorted(decision):
+        push(by_id[job_id])
+    while heap:
+        _, job_id, new = heapq.heappop(heap)
+        job = by_id[job_id]
+        old = decision[job_id]
+        added = job.resources(new[0] - old[0], new[1] - old[1])
+        if not added.fits_in(left):  # capacity shrank since it was scored: rescore
+            push(job)
+            continue
+        decision[job_id] = new
+        left = left - added
+        push(job)
+    return decision, left
+
+
+def task_share(job: JobView, old: tuple[int, int], new: tuple[int, int], total: Resources) -> float:
+    """Dominant share of the cluster that going from ``old`` to ``new`` adds."""
+    return max(job.resources(new[0] - old[0], new[1] - old[1]).dominant_share(total), 1e-9)
+
+
+def objective_of(job: JobView, default: Objective) -> Objective:
+    return Objective.parse(job.objective) if job.objective else default

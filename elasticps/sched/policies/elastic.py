@@ -1,0 +1,143 @@
+"""``elastic``: the project's policy. Fair across jobs, aware of what a rescale
+costs, and slow to shrink.
+
+1. **Fair target.** From every admitted job's minimum, repeatedly give one more
+   task to the job with the largest gain in log utility per dominant share of
+   the task (greedy proportional fairness: a job at half speed gains more from
+   a task than a fast one with the same absolute speed-up), while the gain is
+   at least ``min_gain`` (and, under the ``efficiency`` objective, while the
+   marginal efficiency stays at or above the threshold).
+2. **Rescale cost.** A running job moves to a bigger target only if the
+   predicted time saved on its remaining work exceeds ``cost_factor`` x
+   ``rescale_cost_s``.
+3. **Hysteresis.** A running job shrinks only after ``shrink_rounds``
+   consecutive rounds wishing it, unless the room is needed to admit a waiting
+   job. Jobs held at their current shape keep it; the others share the rest.
+"""
+
+from __future__ import annotations
+
+import math
+
+from elasticps.sched.objectives import (
+    DEFAULT_EFFICIENCY_THRESHOLD,
+    Objective,
+    marginal_efficiency,
+    utility,
+)
+from elasticps.sched.policies.base import PolicyState, admission_order, admit, grow, objective_of, task_share
+from elasticps.sched.types import ClusterView, Decision, JobView, Resources
+
+
+class ElasticPolicy:
+    name = "elastic"
+
+    def __init__(
+        self,
+        objective: str = "goodput",
+        min_gain: float = 0.02,
+        rescale_cost_s: float = 10.0,
+        cost_factor: float = 2.0,
+        shrink_rounds: int = 3,
+        efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD,
+        **_: object,
+    ) -> None:
+        self.objective = Objective.parse(objective)
+        self.min_gain = min_gain
+        self.rescale_cost_s = rescale_cost_s
+        self.cost_factor = cost_factor
+        self.shrink_rounds = shrink_rounds
+        self.efficiency_threshold = efficiency_threshold
+
+    def _score(self, total: Resources):
+        def score(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> float | None:
+            obj = objective_of(job, self.objective)
+            u_old, u_new = utility(job, *old, obj), utility(job, *new, obj)
+            if u_new <= 0:
+                return None
+            if u_old <= 0:
+                return 1e9
+            gain = math.log(u_new / u_old)
+            if gain < math.log1p(self.min_gain):
+                return None
+            if obj is Objective.EFFICIENCY and (
+                marginal_efficiency(u_old, u_new, sum(old), sum(new)) < self.efficiency_threshold
+            ):
+                return None
+            return gain / task_share(job, old, new, total)
+
+        return score
+
+    def decide(
+        self, jobs: list[JobView], cluster: ClusterView, state: PolicyState | None = None
+    ) -> tuple[Decision, PolicyState]:
+        state = state or PolicyState()
+        total, available = cluster.capacity, cluster.available
+        score = self._score(total)
+
+        # 1. the fair target on the whole pool
+        admitted, left = admit(jobs, available)
+        target, _ = grow(jobs, dict(admitted), left, score)
+
+        # 2-3. which running jobs keep their current shape this round
+        waiting_need = Resources()
+        for job in jobs:
+            if job.current is None and job.id in admitted:
+                waiting_need = waiting_need + job.resources(*admitted[job.id])
+        wishes: dict[str, int] = {}
+        held: dict[str, tuple[int, int]] = {}
+        for job in admission_order(jobs):
+            cur = job.current
+            if cur is None or job.id not in target:
+                continue
+            tgt = target[job.id]
+            if tgt == cur:
+                held[job.id] = cur
+            elif tgt[0] < cur[0] or tgt[1] < cur[1]:
+                wishes[job.id] = state.shrink_wishes.get(job.id, 0) + 1
+                if wishes[job.id] < self.shrink_rounds:
+                    held[job.id] = cur
+            elif not self._worth_growing(job, cur, tgt):
+                held[job.id] = cur
+        held = self._fit_held(jobs, held, available, waiting_need)
+
+        # the others share what the held jobs leave, up to their targets
+        reserved = Resources()
+        for job in jobs:
+            if job.id in held:
+                reserved = reserved + job.resources(*held[job.id])
+        rest = [j for j in jobs if j.id not in held]
+        decision, left = admit(rest, available - reserved)
+        caps = {job_id: shape for job_id, shape in target.items() if job_id not in held}
+        decision, left = grow(rest, decision, left, score, caps)
+        decision, _ = grow(rest, decision, left, score)  # room the held jobs did not take
+        decision.update(held)
+        return decision, PolicyState(shrink_wishes=wishes)
+
+    def _worth_growing(self, job: JobView, cur: tuple[int, int], tgt: tuple[int, int]) -> bool:
+        obj = objective_of(job, self.objective)
+        u_cur, u_tgt = utility(job, *cur, obj), utility(job, *tgt, obj)
+        if u_cur <= 0:
+            return True
+        saved = job.remaining_samples / u_cur - job.remaining_samples / max(u_tgt, 1e-12)
+        return saved > self.cost_factor * self.rescale_cost_s
+
+    @staticmethod
+    def _fit_held(
+        jobs: list[JobView], held: dict[str, tuple[int, int]], available: Resources, waiting_need: Resources
+    ) -> dict[str, tuple[int, int]]:
+        """Release holds, largest first, until the held shapes and the waiting
+        jobs' minimums fit (other tenants may have taken room since)."""
+        by_id = {j.id: j for j in jobs}
+
+        def used() -> Resources:
+            total = waiting_need
+            for job_id, shape in held.items():
+                total = total + by_id[job_id].resources(*shape)
+            return total
+
+        held = dict(held)
+        while held and not used().fits_in(available):
+            biggest = max(held, key=lambda i: (by_id[i].resources(*held[i]).dominant_share(available), i))
+            del held[biggest]
+        return held

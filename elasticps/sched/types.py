@@ -1,0 +1,112 @@
+"""Plain records the policies read and return."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from elasticps.errors import ConfigError
+
+#: A job's speed in samples/s as a function of (#PS, #workers).
+SpeedFn = Callable[[int, int], float]
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: float = 0.0
+    gpu: float = 0.0
+    memory_gb: float = 0.0
+
+    def __add__(self, o: Resources) -> Resources:
+        return Resources(self.cpu + o.cpu, self.gpu + o.gpu, self.memory_gb + o.memory_gb)
+
+    def __sub__(self, o: Resources) -> Resources:
+        return Resources(self.cpu - o.cpu, self.gpu - o.gpu, self.memory_gb - o.memory_gb)
+
+    def scaled(self, k: float) -> Resources:
+        return Resources(self.cpu * k, self.gpu * k, self.memory_gb * k)
+
+    def fits_in(self, o: Resources, eps: float = 1e-9) -> bool:
+        return self.cpu <= o.cpu + eps and self.gpu <= o.gpu + eps and self.memory_gb <= o.memory_gb + eps
+
+    def dominant_share(self, total: Resources) -> float:
+        """The largest fraction of ``total`` this takes in any dimension."""
+        shares = [
+            a / b for a, b in ((self.cpu, total.cpu), (self.gpu, total.gpu), (self.memory_gb, total.memory_gb)) if b > 0
+        ]
+        return max(shares, default=0.0)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node: what it has, and what others (other tenants, other drivers) use of it."""
+
+    name: str
+    capacity: Resources
+    used_by_others: Resources = Resources()
+
+    @property
+    def available(self) -> Resources:
+        a = self.capacity - self.used_by_others
+        return Resources(max(0.0, a.cpu), max(0.0, a.gpu), max(0.0, a.memory_gb))
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    nodes: tuple[NodeView, ...]
+
+    @property
+    def available(self) -> Resources:
+        total = Resources()
+        for n in self.nodes:
+            total = total + n.available
+        return total
+
+    @property
+    def capacity(self) -> Resources:
+        total = Resources()
+        for n in self.nodes:
+            total = total + n.capacity
+        return total
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What a policy knows of a job.
+
+    ``speed(p, w)`` is the predicted samples/s (a fitted :class:`SpeedModel` or
+    any callable; ``min_ps = max_ps = 0`` for a job with no PS).
+    ``remaining_samples`` is the work left; ``current`` its shape now (None if
+    not running); ``efficiency`` its statistical efficiency at its batch size
+    (1.0 when unknown); ``objective`` overrides the cluster's.
+    """
+
+    id: str
+    speed: SpeedFn
+    min_ps: int = 1
+    max_ps: int = 8
+    min_workers: int = 1
+    max_workers: int = 16
+    ps_resources: Resources = Resources(cpu=1.0)
+    worker_resources: Resources = Resources(cpu=1.0)
+    remaining_samples: float = 1.0
+    current: tuple[int, int] | None = None
+    efficiency: float = 1.0
+    objective: str | None = None
+    static_shape: tuple[int, int] | None = None
+    arrival: float = 0.0
+    explore: tuple[int, int] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.min_ps <= self.max_ps) or not (1 <= self.min_workers <= self.max_workers):
+            raise ConfigError(
+                f"job {self.id}: need 0 <= min_ps <= max_ps and 1 <= min_workers <= max_workers, got "
+                f"ps {self.min_ps}..{self.max_ps}, workers {self.min_workers}..{self.max_workers}"
+            )
+
+    def resources(self, p: int, w: int) -> Resources:
+        return self.ps_resources.scaled(p) + self.worker_resources.scaled(w)
+
+
+#: ``{job id: (num_ps, num_workers)}``; jobs absent wait.
+Decision = dict[str, tuple[int, int]]
