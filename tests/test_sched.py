@@ -219,7 +219,7 @@ def scenarios(draw):
 def test_policy_properties(name, scenario):
     jobs, cluster = scenario
     policy = make_policy(name)
-    decision, state = policy.decide(jobs, cluster, PolicyState())
+    decision, _ = policy.decide(jobs, cluster, PolicyState())
     by_id = {j.id: j for j in jobs}
     used = Resources()
     for job_id, (p, w) in decision.items():

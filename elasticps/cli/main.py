@@ -33,6 +33,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         _write_json(args.json, runtime_bench.run(quick=args.quick))
         return 0
+    if args.what == "scheduler":
+        from elasticps.bench import scheduler_bench
+
+        result = scheduler_bench.run(args.jobs, args.nodes, rounds=args.rounds, policy=args.policy)
+        if args.scaling:
+            result["scaling"] = scheduler_bench.scaling(args.policy)
+        _write_json(args.json, result)
+        return 0
     raise SystemExit(f"unknown benchmark {args.what!r}")
 
 
@@ -77,8 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")
-    bench.add_argument("what", choices=["runtime"])
-    bench.add_argument("--quick", action="store_true", help="fewer repetitions (for CI)")
+    bench.add_argument("what", choices=["runtime", "scheduler"])
+    bench.add_argument("--quick", action="store_true", help="runtime: fewer repetitions")
+    bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
+    bench.add_argument("--nodes", type=int, default=256, help="scheduler: number of nodes")
+    bench.add_argument("--rounds", type=int, default=21, help="scheduler: decisions timed")
+    bench.add_argument("--policy", default="elastic", help="scheduler: policy to time")
+    bench.add_argument("--scaling", action="store_true", help="scheduler: also time a grid of sizes")
     bench.add_argument("--json", help="also write the JSON here")
     bench.set_defaults(func=cmd_bench)
 

@@ -80,7 +80,7 @@ def grow(
         for new in ((p, w + 1), (p + 1, w)):
             if new[0] > min(cap_p, job.max_ps) or new[1] > min(cap_w, job.max_workers):
                 continue
-            if not job.resources(new[0] - p, new[1] - w).fits_in(left):
+            if not _delta(job, (p, w), new).fits_in(left):
                 continue
             s = score(job, (p, w), new)
             if s is not None and s > 0 and (best is None or s > best[0]):
@@ -94,7 +94,7 @@ def grow(
         _, job_id, new = heapq.heappop(heap)
         job = by_id[job_id]
         old = decision[job_id]
-        added = job.resources(new[0] - old[0], new[1] - old[1])
+        added = _delta(job, old, new)
         if not added.fits_in(left):  # capacity shrank since it was scored: rescore
             push(job)
             continue
@@ -104,9 +104,18 @@ def grow(
     return decision, left
 
 
+def _delta(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> Resources:
+    """What going from ``old`` to ``new`` adds (one task, in the common case)."""
+    if new == (old[0] + 1, old[1]):
+        return job.ps_resources
+    if new == (old[0], old[1] + 1):
+        return job.worker_resources
+    return job.resources(new[0] - old[0], new[1] - old[1])
+
+
 def task_share(job: JobView, old: tuple[int, int], new: tuple[int, int], total: Resources) -> float:
     """Dominant share of the cluster that going from ``old`` to ``new`` adds."""
-    return max(job.resources(new[0] - old[0], new[1] - old[1]).dominant_share(total), 1e-9)
+    return max(_delta(job, old, new).dominant_share(total), 1e-9)
 
 
 def objective_of(job: JobView, default: Objective) -> Objective:

@@ -129,15 +129,14 @@ class ElasticPolicy:
         """Release holds, largest first, until the held shapes and the waiting
         jobs' minimums fit (other tenants may have taken room since)."""
         by_id = {j.id: j for j in jobs}
-
-        def used() -> Resources:
-            total = waiting_need
-            for job_id, shape in held.items():
-                total = total + by_id[job_id].resources(*shape)
-            return total
-
+        need = {job_id: by_id[job_id].resources(*shape) for job_id, shape in held.items()}
+        used = waiting_need
+        for r in need.values():
+            used = used + r
         held = dict(held)
-        while held and not used().fits_in(available):
-            biggest = max(held, key=lambda i: (by_id[i].resources(*held[i]).dominant_share(available), i))
-            del held[biggest]
+        for job_id in sorted(held, key=lambda i: (-need[i].dominant_share(available), i)):
+            if used.fits_in(available):
+                break
+            used = used - need[job_id]
+            del held[job_id]
         return held
