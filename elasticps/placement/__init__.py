@@ -1,0 +1,13 @@
+"""Placement: which node runs each PS and worker task. Pure code, shared by the
+live manager and the simulator."""
+
+from elasticps.placement.core import (
+    PLACERS,
+    JobPlacement,
+    PlacementResult,
+    cross_node_bytes_per_step,
+    make_placer,
+    place,
+)
+
+__all__ = ["PLACERS", "JobPlacement", "PlacementResult", "cross_node_bytes_per_step", "make_placer", "place"]

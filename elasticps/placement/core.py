@@ -1,0 +1,268 @@
+"""Placing a job's PS and worker tasks on nodes.
+
+Traffic model (one for the simulator and the live metrics): every step each
+worker pulls its slice of the parameters from every PS shard and pushes a
+gradient of the same size back. For a job with S bytes of parameters and P
+shards, a (worker, shard) pair moves 2*S/P bytes a step; it crosses the
+network when the two sit on different nodes:
+
+    cross_bytes_per_step = sum over pairs on different nodes of 2*S/P
+                         = 2*S*W * (1 - sum_n (w_n/W) * (p_n/P))
+
+so cross traffic is least when the job sits on few nodes and its shards are
+spread in proportion to where its workers are.
+
+Placers (same protocol, ``placer(jobs, decision, cluster, current) -> PlacementResult``):
+- ``locality`` (the project's): one node if the job fits on one (best fit, to
+  keep large holes for large jobs); else the fewest nodes, fullest first, with
+  PS shards in proportion to the workers on each node; a running job whose
+  shape did not change stays where it is.
+- ``spread``: every task on the node with the most room left (like Ray's SPREAD).
+- ``pack``: every task on the first node with room (first fit).
+- ``optimus``: the fewest nodes that take an equal number of PS and workers each.
+
+A job is placed whole or reported unplaceable, never half-placed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from elasticps.errors import ConfigError
+from elasticps.sched.types import ClusterView, Decision, JobView, Resources
+
+#: ``{task name ("ps-0", "worker-3"): node name}``
+JobPlacement = dict[str, str]
+
+
+@dataclass
+class PlacementResult:
+    placement: dict[str, JobPlacement] = field(default_factory=dict)
+    unplaceable: list[str] = field(default_factory=list)
+    moves: int = 0  # running tasks that changed node
+
+
+def cross_node_bytes_per_step(placement: JobPlacement, param_bytes: float) -> float:
+    ps = [n for t, n in placement.items() if t.startswith("ps-")]
+    workers = [n for t, n in placement.items() if t.startswith("worker-")]
+    if not ps:
+        return 0.0
+    per_pair = 2.0 * param_bytes / len(ps)
+    return sum(per_pair for w in workers for p in ps if w != p)
+
+
+class _Room:
+    """Free resources per node while placing (tentative, with rollback)."""
+
+    def __init__(self, cluster: ClusterView) -> None:
+        self.order = [n.name for n in cluster.nodes]
+        self.free = {n.name: n.available for n in cluster.nodes}
+
+    def take(self, node: str, r: Resources) -> bool:
+        if r.fits_in(self.free[node]):
+            self.free[node] = self.free[node] - r
+            return True
+        return False
+
+    def give(self, node: str, r: Resources) -> None:
+        self.free[node] = self.free[node] + r
+
+    def count_fit(self, node: str, r: Resources) -> int:
+        """How many of ``r`` fit on ``node`` now."""
+        f = self.free[node]
+        counts = [
+            int((a + 1e-9) // b) for a, b in ((f.cpu, r.cpu), (f.gpu, r.gpu), (f.memory_gb, r.memory_gb)) if b > 0
+        ]
+        return min(counts) if counts else 1 << 30
+
+
+def _names(p: int, w: int) -> tuple[list[str], list[str]]:
+    return [f"ps-{i}" for i in range(p)], [f"worker-{i}" for i in range(w)]
+
+
+def _place_each(
+    job: JobView, p: int, w: int, room: _Room, choose: Callable[[Resources], str | None]
+) -> JobPlacement | None:
+    """Place task by task with ``choose(resources) -> node``; roll back on failure."""
+    ps_names, w_names = _names(p, w)
+    out: JobPlacement = {}
+    taken: list[tuple[str, Resources]] = []
+    for name, r in [(n, job.ps_resources) for n in ps_names] + [(n, job.worker_resources) for n in w_names]:
+        node = choose(r)
+        if node is None or not room.take(node, r):
+            for n, rr in taken:
+                room.give(n, rr)
+            return None
+        taken.append((node, r))
+        out[name] = node
+    return out
+
+
+def _spread(job: JobView, p: int, w: int, room: _Room) -> JobPlacement | None:
+    def choose(r: Resources) -> str | None:
+        fits = [n for n in room.order if r.fits_in(room.free[n])]
+        return (
+            max(fits, key=lambda n: (room.free[n].cpu, room.free[n].memory_gb, -room.order.index(n))) if fits else None
+        )
+
+    return _place_each(job, p, w, room, choose)
+
+
+def _pack(job: JobView, p: int, w: int, room: _Room) -> JobPlacement | None:
+    def choose(r: Resources) -> str | None:
+        return next((n for n in room.order if r.fits_in(room.free[n])), None)
+
+    return _place_each(job, p, w, room, choose)
+
+
+def _assign(job: JobView, plan: list[tuple[str, int, int]], room: _Room) -> JobPlacement | None:
+    """Take room for ``plan`` = [(node, #ps, #workers)]; all or nothing."""
+    taken: list[tuple[str, Resources]] = []
+    for node, np_, nw in plan:
+        r = job.resources(np_, nw)
+        if not room.take(node, r):
+            for n, rr in taken:
+                room.give(n, rr)
+            return None
+        taken.append((node, r))
+    out: JobPlacement = {}
+    pi = wi = 0
+    for node, np_, nw in plan:
+        for _ in range(np_):
+            out[f"ps-{pi}"] = node
+            pi += 1
+        for _ in range(nw):
+            out[f"worker-{wi}"] = node
+            wi += 1
+    return out
+
+
+def _optimus(job: JobView, p: int, w: int, room: _Room) -> JobPlacement | None:
+    for k in range(1, len(room.order) + 1):
+        per_ps, per_w = -(-p // k), -(-w // k)
+        nodes = [n for n in room.order if job.resources(min(per_ps, p), min(per_w, w)).fits_in(room.free[n])]
+        nodes.sort(key=lambda n: (-room.free[n].cpu, room.order.index(n)))
+        if len(nodes) < k:
+            continue
+        plan, left_p, left_w = [], p, w
+        for n in nodes[:k]:
+            a, b = min(per_ps, left_p), min(per_w, left_w)
+            plan.append((n, a, b))
+            left_p, left_w = left_p - a, left_w - b
+        if left_p == 0 and left_w == 0:
+            return _assign(job, plan, room)
+    return None
+
+
+def _locality(job: JobView, p: int, w: int, room: _Room, prefer: set[str]) -> JobPlacement | None:
+    need = job.resources(p, w)
+    # 1. one node: best fit (least room left over), preferring where the job already runs
+    whole = [n for n in room.order if need.fits_in(room.free[n])]
+    if whole:
+        best = min(whole, key=lambda n: (n not in prefer, (room.free[n] - need).cpu, room.order.index(n)))
+        return _assign(job, [(best, p, w)], room)
+    # 2. the fewest nodes: fill the roomiest first with workers, then shards in proportion
+    nodes = sorted(room.order, key=lambda n: (n not in prefer, -room.free[n].cpu, room.order.index(n)))
+    unit = job.worker_resources + job.ps_resources.scaled(p / max(w, 1))  # a worker and its share of PS
+    plan_w: list[tuple[str, int]] = []
+    left = w
+    for n in nodes:
+        if left == 0:
+            break
+        k = min(left, room.count_fit(n, unit))
+        if k > 0:
+            plan_w.append((n, k))
+            left -= k
+    if left > 0:
+        return _pack(job, p, w, room)  # too tight for the proportional plan: first fit, or nothing
+    # largest remainder apportionment of P shards over the workers' nodes
+    quotas = [(n, k * p / w) for n, k in plan_w]
+    shards = {n: int(q) for n, q in quotas}
+    for n, _ in sorted(quotas, key=lambda t: (-(t[1] - int(t[1])), nodes.index(t[0])))[: p - sum(shards.values())]:
+        shards[n] += 1
+    placed = _assign(job, [(n, shards[n], k) for n, k in plan_w], room)
+    return placed if placed is not None else _pack(job, p, w, room)
+
+
+Placer = Callable[[JobView, int, int, _Room], JobPlacement | None]
+PLACERS: dict[str, str] = {
+    "locality": "fewest nodes, PS in proportion to workers (default)",
+    "spread": "each task on the node with the most room (like Ray's SPREAD)",
+    "pack": "first fit",
+    "optimus": "fewest nodes with equal PS and workers per node",
+}
+
+
+def make_placer(name: str) -> Callable[..., PlacementResult]:
+    if name not in PLACERS:
+        raise ConfigError(f"placement must be one of {sorted(PLACERS)}, got {name!r}")
+
+    def placer(
+        jobs: list[JobView], decision: Decision, cluster: ClusterView, current: dict[str, JobPlacement] | None = None
+    ) -> PlacementResult:
+        return place(jobs, decision, cluster, current, name)
+
+    return placer
+
+
+def place(
+    jobs: list[JobView],
+    decision: Decision,
+    cluster: ClusterView,
+    current: dict[str, JobPlacement] | None = None,
+    method: str = "locality",
+) -> PlacementResult:
+    """A node for every task of every job in ``decision``.
+
+    Jobs whose shape did not change keep their current nodes when those still
+    have room (no move); the others are placed, biggest first. ``cluster``'s
+    ``available`` must exclude only other tenants: the jobs' own tasks are placed
+    from scratch here.
+    """
+    if method not in PLACERS:
+        raise ConfigError(f"placement must be one of {sorted(PLACERS)}, got {method!r}")
+    current = current or {}
+    by_id = {j.id: j for j in jobs}
+    room = _Room(cluster)
+    result = PlacementResult()
+    todo = []
+    for job_id in sorted(decision):
+        job = by_id[job_id]
+        p, w = decision[job_id]
+        old = current.get(job_id)
+        if old is not None and _shape_of(old) == (p, w) and _keep(job, old, room):
+            result.placement[job_id] = dict(old)
+            continue
+        todo.append(job)
+    todo.sort(key=lambda j: (-j.resources(*decision[j.id]).dominant_share(cluster.capacity), j.id))
+    for job in todo:
+        p, w = decision[job.id]
+        prefer = set(current.get(job.id, {}).values())
+        if method == "locality":
+            placed = _locality(job, p, w, room, prefer)
+        else:
+            placed = {"spread": _spread, "pack": _pack, "optimus": _optimus}[method](job, p, w, room)
+        if placed is None:
+            result.unplaceable.append(job.id)
+            continue
+        result.placement[job.id] = placed
+        old = current.get(job.id, {})
+        result.moves += sum(1 for t, n in placed.items() if t in old and old[t] != n)
+    return result
+
+
+def _shape_of(placement: JobPlacement) -> tuple[int, int]:
+    return (sum(t.startswith("ps-") for t in placement), sum(t.startswith("worker-") for t in placement))
+
+
+def _keep(job: JobView, old: JobPlacement, room: _Room) -> bool:
+    taken: list[tuple[str, Resources]] = []
+    for task, node in old.items():
+        r = job.ps_resources if task.startswith("ps-") else job.worker_resources
+        if node not in room.free or not room.take(node, r):
+            for n, rr in taken:
+                room.give(n, rr)
+            return False
+        taken.append((node, r))
+    return True

@@ -1,0 +1,148 @@
+"""Placement: table-driven cases with their arithmetic, and properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elasticps import ConfigError
+from elasticps.placement import PLACERS, cross_node_bytes_per_step, place
+from elasticps.sched import ClusterView, NodeView, Resources
+from tests.builders import make_job, make_node
+
+S = 100.0  # parameter bytes
+
+
+@pytest.mark.parametrize(
+    ("placement", "expected"),
+    [
+        # 1 PS + 2 workers on one node: nothing crosses
+        ({"ps-0": "a", "worker-0": "a", "worker-1": "a"}, 0.0),
+        # PS on a, workers on b: 2 pairs x 2 x 100 / 1 = 400
+        ({"ps-0": "a", "worker-0": "b", "worker-1": "b"}, 400.0),
+        # 2 PS (a, b), workers on a and b: pairs (wa, pb) and (wb, pa) cross: 2 x 2 x 100 / 2 = 200
+        ({"ps-0": "a", "ps-1": "b", "worker-0": "a", "worker-1": "b"}, 200.0),
+        # no PS: no PS traffic
+        ({"worker-0": "a", "worker-1": "b"}, 0.0),
+    ],
+)
+def test_traffic_model(placement, expected):
+    assert cross_node_bytes_per_step(placement, S) == expected
+
+
+def _cluster(*cpus):
+    return ClusterView(tuple(make_node(f"n{i}", cpu=c) for i, c in enumerate(cpus)))
+
+
+def test_locality_puts_a_job_that_fits_on_one_node_there_best_fit():
+    # nodes with 8, 4 and 16 CPUs; the job needs 1 + 2 = 3 CPUs: best fit is n1 (4 - 3 = 1 left over)
+    job = make_job("j")
+    result = place([job], {"j": (1, 2)}, _cluster(8, 4, 16))
+    assert set(result.placement["j"].values()) == {"n1"}
+
+
+def test_locality_splits_ps_in_proportion_to_workers():
+    # two 6-CPU nodes; 2 PS + 8 workers = 10 CPUs. A worker and its share of PS = 1 + 2/8 = 1.25 CPUs:
+    # 4 fit per node (5 CPUs). Workers 4 + 4, shards 2 x 4/8 = 1 per node.
+    # Cross pairs: each worker talks to the shard on the other node: 8 x 2 x 100 / 2 = 800 bytes/step.
+    job = make_job("j", max_workers=16)
+    result = place([job], {"j": (2, 8)}, _cluster(6, 6))
+    placed = result.placement["j"]
+    assert sorted(placed[f"ps-{i}"] for i in range(2)) == ["n0", "n1"]
+    assert cross_node_bytes_per_step(placed, S) == 800.0
+    spread = place([job], {"j": (2, 8)}, _cluster(6, 6), method="spread").placement["j"]
+    assert cross_node_bytes_per_step(spread, S) >= 800.0
+
+
+def test_spread_scatters_and_pack_fills_in_order():
+    # 3 nodes of 4 CPUs; 1 PS + 2 workers. spread: each task on the roomiest node -> n0, n1, n2.
+    # pack: all three fit on n0.
+    job = make_job("j")
+    spread = place([job], {"j": (1, 2)}, _cluster(4, 4, 4), method="spread").placement["j"]
+    pack = place([job], {"j": (1, 2)}, _cluster(4, 4, 4), method="pack").placement["j"]
+    assert sorted(spread.values()) == ["n0", "n1", "n2"]
+    assert set(pack.values()) == {"n0"}
+
+
+def test_optimus_uses_the_fewest_nodes_with_equal_shares():
+    # nodes of 4 CPUs; 2 PS + 4 workers = 6 CPUs: 1 node is too small; 2 nodes take 1 PS + 2 workers each
+    job = make_job("j")
+    placed = place([job], {"j": (2, 4)}, _cluster(4, 4, 4), method="optimus").placement["j"]
+    per_node = {}
+    for task, node in placed.items():
+        per_node.setdefault(node, []).append(task.split("-")[0])
+    assert sorted(sorted(v) for v in per_node.values()) == [["ps", "worker", "worker"]] * 2
+
+
+def test_a_job_that_does_not_fit_is_reported_not_half_placed():
+    # 2 nodes x 4 CPUs = 8; 'big' needs 2 + 8 = 10 CPUs; 'small' 1 + 1 = 2 still gets placed
+    big, small = make_job("big", max_workers=16), make_job("small")
+    for method in PLACERS:
+        result = place([big, small], {"big": (2, 8), "small": (1, 1)}, _cluster(4, 4), method=method)
+        assert result.unplaceable == ["big"], method
+        assert "big" not in result.placement and len(result.placement["small"]) == 2
+
+
+def test_a_running_job_with_the_same_shape_stays_put():
+    job = make_job("j")
+    current = {"j": {"ps-0": "n2", "worker-0": "n2", "worker-1": "n0"}}
+    result = place([job], {"j": (1, 2)}, _cluster(8, 8, 8), current)
+    assert result.placement["j"] == current["j"] and result.moves == 0
+
+
+def test_other_tenants_room_is_respected():
+    # n0 has 8 CPUs but another tenant uses 7: the 3-CPU job goes to n1
+    cluster = ClusterView((make_node("n0", cpu=8, others_cpu=7), make_node("n1", cpu=4)))
+    placed = place([make_job("j")], {"j": (1, 2)}, cluster).placement["j"]
+    assert set(placed.values()) == {"n1"}
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ConfigError, match="placement must be one of"):
+        place([], {}, _cluster(4), method="random")
+
+
+@st.composite
+def scenarios(draw):
+    nodes = tuple(
+        NodeView(
+            f"n{i}",
+            Resources(cpu=draw(st.sampled_from([2.0, 4.0, 8.0, 16.0])), memory_gb=32.0),
+            Resources(cpu=draw(st.sampled_from([0.0, 1.0]))),
+        )
+        for i in range(draw(st.integers(1, 6)))
+    )
+    jobs, decision = [], {}
+    for i in range(draw(st.integers(1, 6))):
+        job = make_job(
+            f"j{i}",
+            max_ps=8,
+            max_workers=16,
+            ps_resources=Resources(cpu=draw(st.sampled_from([0.5, 1.0, 2.0])), memory_gb=1.0),
+            worker_resources=Resources(cpu=draw(st.sampled_from([1.0, 2.0, 3.0])), memory_gb=2.0),
+        )
+        jobs.append(job)
+        decision[job.id] = (draw(st.integers(1, 4)), draw(st.integers(1, 8)))
+    return jobs, decision, ClusterView(nodes)
+
+
+@pytest.mark.parametrize("method", sorted(PLACERS))
+@settings(max_examples=80, deadline=None)
+@given(scenario=scenarios())
+def test_placement_properties(method, scenario):
+    jobs, decision, cluster = scenario
+    result = place(jobs, decision, cluster, method=method)
+    by_id = {j.id: j for j in jobs}
+    used = {n.name: Resources() for n in cluster.nodes}
+    for job_id, placed in result.placement.items():
+        p, w = decision[job_id]
+        assert set(placed) == {f"ps-{i}" for i in range(p)} | {f"worker-{i}" for i in range(w)}  # every task
+        for task, node in placed.items():
+            job = by_id[job_id]
+            used[node] = used[node] + (job.ps_resources if task.startswith("ps-") else job.worker_resources)
+    for n in cluster.nodes:
+        assert used[n.name].fits_in(n.available)  # never over capacity
+    assert set(result.placement) | set(result.unplaceable) == set(decision)  # placed whole or reported
+    assert not set(result.placement) & set(result.unplaceable)
+    assert place(jobs, decision, cluster, method=method).placement == result.placement  # deterministic
