@@ -74,6 +74,52 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if report.state in ("finished", "stopped", "running") else 1
 
 
+def cmd_sim(args: argparse.Namespace) -> int:
+    from elasticps.sim import SimConfig, load_workload, simulate, synthetic_workload
+
+    workload = load_workload(args.workload) if args.workload else synthetic_workload(args.jobs, seed=args.seed)
+    policies = args.compare.split(",") if args.compare else [args.policy]
+    results = {}
+    for policy in policies:
+        config = SimConfig(
+            nodes=args.nodes,
+            node_cpu=args.node_cpu,
+            interval_s=args.interval_s,
+            rescale_pause_s=args.rescale_pause_s,
+            policy=policy,
+            objective=args.objective,
+            placement=args.placement,
+            seed=args.seed,
+        )
+
+        def progress(t: float, done: int, total: int, policy: str = policy) -> None:
+            if not args.quiet:
+                print(f"\r{policy}: t={t / 3600:6.1f} h, {done}/{total} jobs done", end="", file=sys.stderr, flush=True)
+
+        results[policy] = simulate(workload, config, progress)
+        if not args.quiet:
+            print(file=sys.stderr)
+    if args.plot:
+        from elasticps.sim.plots import write_plots
+
+        for path in write_plots(results, args.plot):
+            print(f"wrote {path}", file=sys.stderr)
+    if len(results) > 1:
+        _print_table(results)
+        data = {name: r.to_dict() for name, r in results.items()}
+    else:
+        data = next(iter(results.values())).to_dict()
+    _write_json(args.json, data) if args.json or len(results) == 1 else None
+    return 0
+
+
+def _print_table(results: dict) -> None:
+    cols = ["avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "mean_utilization", "cross_node_bytes", "rescales"]
+    print(f"{'policy':10s} " + " ".join(f"{c:>16s}" for c in cols))
+    for name, r in results.items():
+        print(f"{name:10s} " + " ".join(f"{r.metrics[c]:16.4g}" for c in cols))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticps", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -106,6 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     train.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
     train.set_defaults(func=cmd_train)
+    sim = sub.add_parser("sim", help="simulate policies on a modelled cluster")
+    sim.add_argument("--workload", help="a .csv or .jsonl workload (default: synthetic)")
+    sim.add_argument("--jobs", type=int, default=300, help="synthetic workload: number of jobs")
+    sim.add_argument("--nodes", type=int, default=32)
+    sim.add_argument("--node-cpu", type=float, default=32.0)
+    sim.add_argument("--interval-s", type=float, default=300.0, help="scheduling interval")
+    sim.add_argument("--rescale-pause-s", type=float, default=30.0)
+    sim.add_argument("--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic"])
+    sim.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"])
+    sim.add_argument("--placement", default="locality", choices=["locality", "spread", "pack", "optimus"])
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--compare", help="comma-separated policies to run on the same workload, e.g. static,elastic")
+    sim.add_argument("--plot", help="write PNG plots into this directory")
+    sim.add_argument("--json", help="write the results here")
+    sim.add_argument("--quiet", action="store_true")
+    sim.set_defaults(func=cmd_sim)
     return p
 
 

@@ -95,6 +95,7 @@ class JobView:
     objective: str | None = None
     static_shape: tuple[int, int] | None = None
     arrival: float = 0.0
+    waited_s: float = 0.0
     explore: tuple[int, int] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:

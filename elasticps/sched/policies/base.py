@@ -35,6 +35,7 @@ class Policy(Protocol):
 
 
 def admission_order(jobs: Iterable[JobView]) -> list[JobView]:
+    """Running jobs first, then by arrival."""
     return sorted(jobs, key=lambda j: (j.current is None, j.arrival, j.id))
 
 
@@ -43,12 +44,15 @@ def min_shape(job: JobView) -> tuple[int, int]:
 
 
 def admit(
-    jobs: list[JobView], available: Resources, shape: Callable[[JobView], tuple[int, int]] = min_shape
+    jobs: list[JobView],
+    available: Resources,
+    shape: Callable[[JobView], tuple[int, int]] = min_shape,
+    order: Callable[[Iterable[JobView]], list[JobView]] = admission_order,
 ) -> tuple[Decision, Resources]:
-    """Give jobs, in admission order, ``shape(job)`` while it fits."""
+    """Give jobs, in ``order``, ``shape(job)`` while it fits."""
     decision: Decision = {}
     left = available
-    for job in admission_order(jobs):
+    for job in order(jobs):
         p, w = shape(job)
         need = job.resources(p, w)
         if need.fits_in(left):
@@ -66,10 +70,13 @@ def grow(
     left: Resources,
     score: Score,
     caps: dict[str, tuple[int, int]] | None = None,
+    pairs: bool = False,
 ) -> tuple[Decision, Resources]:
     """Repeatedly give one more PS or worker to the admitted job whose next task
     scores highest (``score(job, old, new)``, None or <= 0: not worth it), while
-    it fits. ``caps`` bounds a job's shape below its maximum."""
+    it fits. ``caps`` bounds a job's shape below its maximum. With ``pairs``, a PS
+    and a worker together are a third option (a look one step further ahead,
+    for models where neither helps alone)."""
     by_id = {j.id: j for j in jobs}
     heap: list[tuple[float, str, tuple[int, int]]] = []
 
@@ -77,7 +84,8 @@ def grow(
         p, w = decision[job.id]
         cap_p, cap_w = (caps or {}).get(job.id, (job.max_ps, job.max_workers))
         best: tuple[float, tuple[int, int]] | None = None
-        for new in ((p, w + 1), (p + 1, w)):
+        options = ((p, w + 1), (p + 1, w), (p + 1, w + 1)) if pairs else ((p, w + 1), (p + 1, w))
+        for new in options:
             if new[0] > min(cap_p, job.max_ps) or new[1] > min(cap_w, job.max_workers):
                 continue
             if not _delta(job, (p, w), new).fits_in(left):

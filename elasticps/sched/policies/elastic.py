@@ -1,6 +1,10 @@
 """``elastic``: the project's policy. Fair across jobs, aware of what a rescale
 costs, and slow to shrink.
 
+0. **Admission.** Running jobs keep at least their minimum; waiting jobs are
+   admitted shortest estimated remaining time first (at their minimum shape),
+   with ageing: the estimate is divided by ``1 + waited_s / ageing_s``, so a
+   long job is not passed over for ever.
 1. **Fair target.** From every admitted job's minimum, repeatedly give one more
    task to the job with the largest gain in log utility per dominant share of
    the task (greedy proportional fairness: a job at half speed gains more from
@@ -40,6 +44,8 @@ class ElasticPolicy:
         cost_factor: float = 2.0,
         shrink_rounds: int = 3,
         efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD,
+        time_weight: float = 1.0,
+        ageing_s: float = 3600.0,
         **_: object,
     ) -> None:
         self.objective = Objective.parse(objective)
@@ -48,6 +54,8 @@ class ElasticPolicy:
         self.cost_factor = cost_factor
         self.shrink_rounds = shrink_rounds
         self.efficiency_threshold = efficiency_threshold
+        self.time_weight = time_weight
+        self.ageing_s = ageing_s
 
     def _score(self, total: Resources):
         def score(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> float | None:
@@ -60,6 +68,9 @@ class ElasticPolicy:
             gain = math.log(u_new / u_old)
             if gain < math.log1p(self.min_gain):
                 return None
+            if self.time_weight:
+                # ~ time saved on the remaining work: T_rem * (1 - u_old/u_new) ~ T_rem * gain
+                gain *= (job.remaining_samples / u_old) ** self.time_weight
             if obj is Objective.EFFICIENCY and (
                 marginal_efficiency(u_old, u_new, sum(old), sum(new)) < self.efficiency_threshold
             ):
@@ -76,8 +87,8 @@ class ElasticPolicy:
         score = self._score(total)
 
         # 1. the fair target on the whole pool
-        admitted, left = admit(jobs, available)
-        target, _ = grow(jobs, dict(admitted), left, score)
+        admitted, left = admit(jobs, available, order=self._order)
+        target, _ = grow(jobs, dict(admitted), left, score, pairs=True)
 
         # 2-3. which running jobs keep their current shape this round
         waiting_need = Resources()
@@ -107,12 +118,24 @@ class ElasticPolicy:
             if job.id in held:
                 reserved = reserved + job.resources(*held[job.id])
         rest = [j for j in jobs if j.id not in held]
-        decision, left = admit(rest, available - reserved)
+        decision, left = admit(rest, available - reserved, order=self._order)
         caps = {job_id: shape for job_id, shape in target.items() if job_id not in held}
-        decision, left = grow(rest, decision, left, score, caps)
-        decision, _ = grow(rest, decision, left, score)  # room the held jobs did not take
+        decision, left = grow(rest, decision, left, score, caps, pairs=True)
+        decision, _ = grow(rest, decision, left, score, pairs=True)  # room the held jobs did not take
         decision.update(held)
         return decision, PolicyState(shrink_wishes=wishes)
+
+    def _order(self, jobs) -> list[JobView]:
+        """Running jobs first (by arrival), then waiting jobs by aged remaining time."""
+
+        def key(job: JobView) -> tuple:
+            if job.current is not None:
+                return (0, job.arrival, 0.0, job.id)
+            speed = job.speed(job.min_ps, job.min_workers)
+            remaining = job.remaining_samples / speed if speed > 0 else math.inf
+            return (1, 0.0, remaining / (1.0 + job.waited_s / self.ageing_s), job.id)
+
+        return sorted(jobs, key=key)
 
     def _worth_growing(self, job: JobView, cur: tuple[int, int], tgt: tuple[int, int]) -> bool:
         obj = objective_of(job, self.objective)

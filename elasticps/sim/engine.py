@@ -1,0 +1,249 @@
+"""The discrete-event simulation.
+
+Ground truth, which the policy never sees: a job of kind k at shape (p, w)
+placed with cross-node fraction c of its PS traffic runs at
+
+    samples/s = M / (t0*M/w + t1 + t2*(w/p)*(c + (1 - c)*LOCAL) + t3*w + t4*p)
+
+(the Optimus form, the PS-traffic term cheaper by ``local_traffic_factor`` for
+same-node pairs). Each interval a running job reports that speed times
+(1 + noise), and the policy's :class:`~elasticps.sched.SpeedModel` of the job is
+refitted from those reports, as the live manager does. Events: arrivals,
+completions, scheduling ticks, other tenants' load changing.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from elasticps.placement import cross_node_bytes_per_step, place
+from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
+from elasticps.sched.policies import make_policy
+from elasticps.sched.synthetic import ModelKind
+from elasticps.sim.workload import KINDS, WorkloadJob
+
+EXPLORE_ONE_STEP = True
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    nodes: int = 64
+    node_cpu: float = 32.0
+    node_memory_gb: float = 256.0
+    interval_s: float = 300.0
+    rescale_pause_s: float = 30.0
+    policy: str = "elastic"
+    objective: str = "goodput"
+    placement: str = "locality"
+    noise: float = 0.05
+    local_traffic_factor: float = 0.25
+    tenant_change_s: float = 3600.0
+    tenant_max_share: float = 0.5
+    seed: int = 0
+
+
+@dataclass
+class _Job:
+    spec: WorkloadJob
+    kind: ModelKind
+    remaining: float
+    model: SpeedModel
+    observations: list[Observation] = field(default_factory=list)
+    shape: tuple[int, int] | None = None
+    placement: dict[str, str] = field(default_factory=dict)
+    paused_until: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+    rescales: int = 0
+    history: list[tuple[float, int, int]] = field(default_factory=list)
+
+
+@dataclass
+class SimResult:
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+    jct_s: list[float]
+    utilization: list[tuple[float, float]]
+    allocations: dict[str, list[tuple[float, int, int]]]
+
+    def to_dict(self, with_series: bool = False) -> dict[str, Any]:
+        out: dict[str, Any] = {"config": self.config, **self.metrics}
+        if with_series:
+            out.update(jct_s=self.jct_s, utilization=self.utilization, allocations=self.allocations)
+        return out
+
+
+def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_factor: float) -> float:
+    if w < 1 or p < 1:
+        return 0.0
+    t0, t1, t2, t3, t4 = job.kind.theta
+    m = job.kind.batch
+    total = 2.0 * job.kind.param_bytes * w
+    cross = cross_node_bytes_per_step(placement, job.kind.param_bytes) / total if placement else 1.0
+    traffic = cross + (1.0 - cross) * local_factor
+    return m / (t0 * m / w + t1 + t2 * (w / p) * traffic + t3 * w + t4 * p)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = None) -> SimResult:
+    rng = random.Random(config.seed)
+    policy = make_policy(config.policy, objective=config.objective, rescale_cost_s=config.rescale_pause_s)
+    state = PolicyState()
+    capacity = Resources(cpu=config.node_cpu, memory_gb=config.node_memory_gb)
+    tenant = {f"n{i:04d}": 0.0 for i in range(config.nodes)}
+    arrivals = sorted(workload, key=lambda j: (j.arrival_s, j.id))
+    jobs: dict[str, _Job] = {}
+    active: dict[str, _Job] = {}
+    t = 0.0
+    next_tick = 0.0
+    next_tenant = config.tenant_change_s if config.tenant_max_share > 0 else math.inf
+    ai = 0
+    decision_times: list[float] = []
+    util_series: list[tuple[float, float]] = []
+    busy_cpu_s = avail_cpu_s = 0.0
+    cross_bytes = 0.0
+    done = 0
+    rates: dict[str, float] = {}
+
+    def cluster_view() -> ClusterView:
+        return ClusterView(tuple(NodeView(n, capacity, Resources(cpu=used)) for n, used in tenant.items()))
+
+    def rate_of(job: _Job) -> float:
+        if job.shape is None:
+            return 0.0
+        return true_speed(job, *job.shape, job.placement, config.local_traffic_factor)
+
+    def view(job: _Job) -> JobView:
+        s = job.spec
+        max_ps, max_w = s.max_ps, s.max_workers
+        if not job.observations:  # nothing known yet: start at the minimum
+            max_ps, max_w = s.min_ps, s.min_workers
+        elif EXPLORE_ONE_STEP and not job.model.confident and job.shape is not None:
+            nxt = job.model.explore(job.shape, s.max_ps, s.max_workers)
+            if nxt is not None:  # explore one informative shape at a time
+                max_ps, max_w = max(job.shape[0], nxt[0]), max(job.shape[1], nxt[1])
+        return JobView(
+            id=s.id,
+            speed=job.model.predict,
+            min_ps=s.min_ps,
+            max_ps=max_ps,
+            min_workers=s.min_workers,
+            max_workers=max_w,
+            ps_resources=Resources(cpu=s.ps_cpu, memory_gb=s.ps_memory_gb),
+            worker_resources=Resources(cpu=s.worker_cpu, memory_gb=s.worker_memory_gb),
+            remaining_samples=job.remaining,
+            current=job.shape,
+            static_shape=(s.static_ps, s.static_workers),
+            arrival=s.arrival_s,
+            waited_s=t - s.arrival_s if job.started is None else 0.0,
+        )
+
+    def schedule() -> None:
+        nonlocal state
+        views = [view(j) for j in active.values()]
+        cluster = cluster_view()
+        t0 = time.perf_counter()
+        decision, state = policy.decide(views, cluster, state)
+        placed = place(
+            views, decision, cluster, {j: active[j].placement for j in active if active[j].shape}, config.placement
+        )
+        decision_times.append(time.perf_counter() - t0)
+        for job in active.values():
+            jid = job.spec.id
+            new_shape = decision.get(jid) if jid in placed.placement else None
+            new_place = placed.placement.get(jid, {})
+            if new_shape != job.shape or (new_shape and new_place != job.placement):
+                if new_shape is not None:
+                    if job.shape is not None:
+                        job.rescales += 1
+                    job.paused_until = t + config.rescale_pause_s
+                    if job.started is None:
+                        job.started = t
+                job.shape, job.placement = new_shape, new_place
+                job.history.append((t, *(new_shape or (0, 0))))
+            rates[jid] = rate_of(job)
+
+    while done < len(arrivals):
+        # the next event
+        t_next = min(next_tick, next_tenant, arrivals[ai].arrival_s if ai < len(arrivals) else math.inf)
+        for job in active.values():
+            r = rates.get(job.spec.id, 0.0)
+            if r > 0:
+                t_next = min(t_next, max(t, job.paused_until) + job.remaining / r)
+        # progress to it
+        dt = t_next - t
+        used = 0.0
+        for job in active.values():
+            if job.shape is None:
+                continue
+            s = job.spec
+            used += s.ps_cpu * job.shape[0] + s.worker_cpu * job.shape[1]
+            run = max(0.0, t_next - max(t, job.paused_until))
+            r = rates.get(s.id, 0.0)
+            job.remaining -= r * run
+            cross_bytes += r / job.kind.batch * run * cross_node_bytes_per_step(job.placement, job.kind.param_bytes)
+        avail = sum(config.node_cpu - u for u in tenant.values())
+        busy_cpu_s += used * dt
+        avail_cpu_s += avail * dt
+        t = t_next
+        # completions
+        for jid in [
+            j for j, job in active.items() if job.shape is not None and job.remaining <= 1e-6 * job.spec.samples
+        ]:
+            job = active.pop(jid)
+            job.finished, job.shape, job.placement = t, None, {}
+            job.history.append((t, 0, 0))
+            rates.pop(jid, None)
+            done += 1
+        while ai < len(arrivals) and arrivals[ai].arrival_s <= t:
+            spec = arrivals[ai]
+            kind = KINDS[spec.kind]
+            job = _Job(spec, kind, spec.samples, SpeedModel(kind.batch))
+            jobs[spec.id] = active[spec.id] = job
+            ai += 1
+        if t >= next_tenant:
+            for n in tenant:
+                share = rng.uniform(0, config.tenant_max_share) if rng.random() < 0.5 else 0.0
+                tenant[n] = math.floor(share * config.node_cpu / 4) * 4
+            next_tenant = t + rng.expovariate(1.0 / config.tenant_change_s)
+            schedule()  # room changed: decide now
+        if t >= next_tick:
+            for job in active.values():
+                r = rates.get(job.spec.id, 0.0)
+                if job.shape is not None and r > 0 and t >= job.paused_until:
+                    observed = r * max(0.05, 1.0 + rng.gauss(0.0, config.noise))
+                    job.observations.append(Observation(*job.shape, observed))
+                    job.model.fit(job.observations[-50:])
+            schedule()
+            util_series.append((t, used / avail if avail > 0 else 0.0))
+            next_tick = t + config.interval_s
+            if progress is not None:
+                progress(t, done, len(arrivals))
+
+    jct = [j.finished - j.spec.arrival_s for j in jobs.values() if j.finished is not None]
+    metrics = {
+        "jobs": len(jct),
+        "avg_jct_s": statistics.fmean(jct) if jct else math.nan,
+        "p50_jct_s": _percentile(jct, 0.5),
+        "p99_jct_s": _percentile(jct, 0.99),
+        "makespan_s": t,
+        "mean_utilization": busy_cpu_s / avail_cpu_s if avail_cpu_s > 0 else 0.0,
+        "cross_node_bytes": cross_bytes,
+        "rescales": sum(j.rescales for j in jobs.values()),
+        "decisions": len(decision_times),
+        "decision_median_ms": statistics.median(decision_times) * 1e3 if decision_times else 0.0,
+        "decision_p99_ms": _percentile(decision_times, 0.99) * 1e3,
+    }
+    cfg = {k: getattr(config, k) for k in config.__dataclass_fields__}
+    return SimResult(cfg, metrics, jct, util_series, {j: jobs[j].history for j in jobs})

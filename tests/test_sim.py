@@ -1,0 +1,93 @@
+"""The simulator: workloads, determinism, honest comparison, outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from elasticps import ConfigError
+from elasticps.cli.main import main
+from elasticps.sim import SimConfig, load_workload, simulate, synthetic_workload
+from elasticps.sim.workload import WorkloadJob, save_workload
+
+
+def test_workload_files_round_trip_and_bad_rows_are_named(tmp_path):
+    jobs = synthetic_workload(5, seed=3)
+    save_workload(jobs, tmp_path / "w.jsonl")
+    assert load_workload(tmp_path / "w.jsonl") == jobs
+    (tmp_path / "w.csv").write_text(
+        "id,arrival_s,kind,samples,static_ps\na,0,mlp-small,1000,2\nb,5,resnet-like,1e6,1\n"
+    )
+    loaded = load_workload(tmp_path / "w.csv")
+    assert [j.id for j in loaded] == ["a", "b"] and loaded[1].samples == 1e6
+    (tmp_path / "bad.csv").write_text("id,arrival_s,kind,samples\na,0,gpt-9,1000\n")
+    with pytest.raises(ConfigError, match="row 1: .*kind must be one of"):
+        load_workload(tmp_path / "bad.csv")
+    (tmp_path / "bad2.csv").write_text("id,arrival_s,kind,samples,colour\na,0,mlp-small,1,red\n")
+    with pytest.raises(ConfigError, match=r"row 1: unknown fields \['colour'\]"):
+        load_workload(tmp_path / "bad2.csv")
+
+
+def test_every_job_finishes_and_the_run_is_reproducible():
+    work = synthetic_workload(40, seed=1)
+    a = simulate(work, SimConfig(nodes=8, policy="elastic", seed=2))
+    b = simulate(work, SimConfig(nodes=8, policy="elastic", seed=2))
+    assert a.metrics["jobs"] == 40
+    assert a.metrics == {
+        **b.metrics,
+        "decision_median_ms": a.metrics["decision_median_ms"],
+        "decision_p99_ms": a.metrics["decision_p99_ms"],
+    }
+    assert a.metrics["p50_jct_s"] <= a.metrics["p99_jct_s"] <= a.metrics["makespan_s"]
+    assert 0 < a.metrics["mean_utilization"] <= 1.0
+
+
+def test_a_lone_job_takes_what_the_model_says_it_should():
+    # one mlp-small job alone on a big cluster: the static shape (1 PS x 2 workers) vs dynamic growth
+    job = WorkloadJob(id="a", arrival_s=0, kind="mlp-small", samples=5e7, static_ps=1, static_workers=2)
+    static = simulate([job], SimConfig(nodes=4, policy="static", tenant_max_share=0))
+    elastic = simulate([job], SimConfig(nodes=4, policy="elastic", tenant_max_share=0))
+    assert elastic.metrics["avg_jct_s"] < 0.8 * static.metrics["avg_jct_s"]
+    assert max(p + w for _, p, w in elastic.allocations["a"]) > 3
+
+
+def test_dynamic_policies_beat_static_on_a_loaded_cluster():
+    work = synthetic_workload(120, seed=5)
+    jct = {p: simulate(work, SimConfig(nodes=12, policy=p, seed=5)).metrics["avg_jct_s"] for p in ("static", "elastic")}
+    assert jct["elastic"] < 0.8 * jct["static"]
+
+
+def test_locality_placement_moves_fewer_bytes_than_spread():
+    work = synthetic_workload(80, seed=7)
+    by = {m: simulate(work, SimConfig(nodes=12, placement=m, seed=7)).metrics for m in ("locality", "spread")}
+    assert by["locality"]["cross_node_bytes"] < 0.7 * by["spread"]["cross_node_bytes"]
+
+
+def test_cli_compare_writes_json_and_plots(tmp_path, capsys):
+    out = tmp_path / "cmp.json"
+    assert (
+        main(
+            [
+                "sim",
+                "--jobs",
+                "30",
+                "--nodes",
+                "6",
+                "--compare",
+                "static,elastic",
+                "--quiet",
+                "--json",
+                str(out),
+                "--plot",
+                str(tmp_path / "plots"),
+            ]
+        )
+        == 0
+    )
+    table = capsys.readouterr().out
+    assert "static" in table and "elastic" in table and "avg_jct_s" in table
+    data = json.loads(out.read_text())
+    assert set(data) == {"static", "elastic"} and data["elastic"]["jobs"] == 30
+    for name in ("jct_cdf.png", "utilization.png", "allocations_elastic.png"):
+        assert (tmp_path / "plots" / name).stat().st_size > 5000
