@@ -109,7 +109,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
         data = {name: r.to_dict() for name, r in results.items()}
     else:
         data = next(iter(results.values())).to_dict()
-    _write_json(args.json, data) if args.json or len(results) == 1 else None
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+    if len(results) == 1 and not args.json:
+        print(json.dumps(data, indent=2, default=str))
     return 0
 
 
