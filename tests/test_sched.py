@@ -208,6 +208,7 @@ def scenarios(draw):
                 arrival=float(i),
                 static_shape=current,
                 objective=draw(st.sampled_from([None, "speed", "goodput", "efficiency"])),
+                explore=draw(st.one_of(st.none(), st.tuples(st.integers(0, 8), st.integers(1, 16)))),
             )
         )
     return jobs, ClusterView(nodes)

@@ -33,6 +33,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         _write_json(args.json, runtime_bench.run(quick=args.quick))
         return 0
+    if args.what == "placement":
+        from elasticps.bench import placement_bench
+
+        _write_json(args.json, placement_bench.run(steps=args.steps))
+        return 0
     if args.what == "scheduler":
         from elasticps.bench import scheduler_bench
 
@@ -135,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")
-    bench.add_argument("what", choices=["runtime", "scheduler"])
+    bench.add_argument("what", choices=["runtime", "scheduler", "placement"])
+    bench.add_argument("--steps", type=int, default=20, help="placement: steps per job")
     bench.add_argument("--quick", action="store_true", help="runtime: fewer repetitions")
     bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
     bench.add_argument("--nodes", type=int, default=256, help="scheduler: number of nodes")

@@ -127,12 +127,13 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     def view(job: _Job) -> JobView:
         s = job.spec
         max_ps, max_w = s.max_ps, s.max_workers
+        explore = None
         if not job.observations:  # nothing known yet: start at the minimum
             max_ps, max_w = s.min_ps, s.min_workers
         elif EXPLORE_ONE_STEP and not job.model.confident and job.shape is not None:
-            nxt = job.model.explore(job.shape, s.max_ps, s.max_workers)
-            if nxt is not None:  # explore one informative shape at a time
-                max_ps, max_w = max(job.shape[0], nxt[0]), max(job.shape[1], nxt[1])
+            explore = job.model.explore(job.shape, s.max_ps, s.max_workers)
+            if explore is not None:  # explore one informative shape at a time
+                max_ps, max_w = max(job.shape[0], explore[0]), max(job.shape[1], explore[1])
         return JobView(
             id=s.id,
             speed=job.model.predict,
@@ -147,6 +148,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             static_shape=(s.static_ps, s.static_workers),
             arrival=s.arrival_s,
             waited_s=t - s.arrival_s if job.started is None else 0.0,
+            explore=explore,
         )
 
     def schedule() -> None:

@@ -17,6 +17,8 @@ costs, and slow to shrink.
 3. **Hysteresis.** A running job shrinks only after ``shrink_rounds``
    consecutive rounds wishing it, unless the room is needed to admit a waiting
    job. Jobs held at their current shape keep it; the others share the rest.
+4. **Exploration.** Room left over goes to jobs whose speed model is still
+   unsure, moving them to the shape the model would learn most from.
 """
 
 from __future__ import annotations
@@ -123,7 +125,28 @@ class ElasticPolicy:
         decision, left = grow(rest, decision, left, score, caps, pairs=True)
         decision, _ = grow(rest, decision, left, score, pairs=True)  # room the held jobs did not take
         decision.update(held)
+        self._explore(jobs, decision, available)
         return decision, PolicyState(shrink_wishes=wishes)
+
+    @staticmethod
+    def _explore(jobs: list[JobView], decision: Decision, available: Resources) -> None:
+        """4. Exploration: room nobody else took goes to jobs whose speed model is
+        still unsure, to the shape it would learn most from (``JobView.explore``)."""
+        left = available
+        by_id = {j.id: j for j in jobs}
+        for job_id, shape in decision.items():
+            left = left - by_id[job_id].resources(*shape)
+        for job in admission_order(jobs):
+            nxt = job.explore
+            if nxt is None or job.id not in decision or nxt[0] < decision[job.id][0] or nxt[1] < decision[job.id][1]:
+                continue
+            if not (job.min_ps <= nxt[0] <= job.max_ps and job.min_workers <= nxt[1] <= job.max_workers):
+                continue
+            cur = decision[job.id]
+            extra = job.resources(nxt[0] - cur[0], nxt[1] - cur[1])
+            if extra.fits_in(left):
+                decision[job.id] = nxt
+                left = left - extra
 
     def _order(self, jobs) -> list[JobView]:
         """Running jobs first (by arrival), then waiting jobs by aged remaining time."""
