@@ -4,8 +4,8 @@ real multi-node Ray cluster, for the same jobs placed by ``locality`` and by
 
 A local multi-raylet cluster (``ray.cluster_utils.Cluster``: a head and
 ``nodes`` nodes of 4 CPUs). Three digits jobs (the MLP widened to 512 hidden
-units, 0.30M parameters) at shapes 2x3, 1x3 and 2x2; PS tasks ask 0.5 CPU and
-workers 1 CPU, 10.5 of the 16 CPUs. The placement is computed by
+units, 0.30M parameters) at shapes 2x6, 1x3 and 2x2; PS tasks ask 0.5 CPU and
+workers 1 CPU: 13.5 of the 16 CPUs, and job-a (7 CPUs) cannot fit on one node. The placement is computed by
 :func:`elasticps.placement.place` from the nodes' Ray resources, applied with
 the runtime's hard node affinity, and each job trains ``steps`` steps; the
 figure is the sum of the runtime's measured bytes between different nodes.
@@ -22,7 +22,7 @@ from elasticps.program import TrainingProgram
 from elasticps.runtime import JobConfig, JobController, TaskResources
 from elasticps.sched import ClusterView, JobView, NodeView, Resources
 
-SHAPES = {"job-a": (2, 3), "job-b": (1, 3), "job-c": (2, 2)}
+SHAPES = {"job-a": (2, 6), "job-b": (1, 3), "job-c": (2, 2)}
 PS_CPU, WORKER_CPU = 0.5, 1.0
 
 
