@@ -79,6 +79,15 @@ def test_statistical_efficiency():
     assert statistical_efficiency(132, None, 32) == 1.0
 
 
+def test_adaptive_batch_picks_the_best_goodput():
+    # throughput saturates at 1000 samples/s: speed(M) = 1000 M / (M + 64); B_noise = 256, M0 = 32.
+    # goodput(M) = speed(M) * (256 + 32) / (256 + M): 64 -> 450, 128 -> 500, 256 -> 450, 512 -> 333
+    from elasticps.sched.goodput import best_batch
+
+    batch, goodput = best_batch(lambda m: 1000 * m / (m + 64), 256.0, 32, [64, 128, 256, 512])
+    assert batch == 128 and goodput == pytest.approx(1000 * 128 / 192 * 288 / 384)
+
+
 # ---------------------------------------------------------------- policies, tables
 
 

@@ -47,17 +47,23 @@ def memcpy_mbps(repeats: int) -> float:
     return src.nbytes / MB / _median_time(lambda: np.copyto(dst, src), repeats)
 
 
+def _payload(kind: str, seed: int, shared: bool) -> tuple[np.ndarray, OwnedVector | None]:
+    """40 MB of random float32, in a shared-memory vector if ``shared``."""
+    data = np.random.default_rng(seed).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
+    if not shared:
+        return data, None
+    vec = OwnedVector(kind, PAYLOAD_FLOATS)
+    vec.array[:] = data
+    return vec.array, vec
+
+
 @ray.remote(num_cpus=0.5)
 class _WorkerSide:
     """The worker's end of a step's exchange, as the runtime does it."""
 
     def __init__(self, shared: bool) -> None:
-        grad = np.random.default_rng(1).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
-        self.shm = OwnedVector("grad", PAYLOAD_FLOATS) if shared else None
-        self.grad = grad if self.shm is None else self.shm.array
-        if self.shm is not None:
-            self.grad[:] = grad
-        self.params = np.empty_like(grad)
+        self.grad, self.shm = _payload("grad", 1, shared)
+        self.params = np.empty_like(self.grad)
         self.attached = Attachments()
 
     def push(self) -> np.ndarray | ShmRef:
@@ -76,12 +82,8 @@ class _WorkerSide:
 @ray.remote(num_cpus=0.5)
 class _PSSide:
     def __init__(self, shared: bool) -> None:
-        params = np.random.default_rng(2).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
-        self.shm = OwnedVector("param", PAYLOAD_FLOATS) if shared else None
-        self.params = params if self.shm is None else self.shm.array
-        if self.shm is not None:
-            self.params[:] = params
-        self.grad = np.empty_like(params)
+        self.params, self.shm = _payload("param", 2, shared)
+        self.grad = np.empty_like(self.params)
         self.attached = Attachments()
 
     def take(self, refs: list) -> np.ndarray | ShmRef:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from elasticps.errors import ConfigError
@@ -37,6 +37,13 @@ class Resources:
         return max(shares, default=0.0)
 
 
+def total_of(items: Iterable[Resources]) -> Resources:
+    total = Resources()
+    for r in items:
+        total = total + r
+    return total
+
+
 @dataclass(frozen=True)
 class NodeView:
     """A node: what it has, and what others (other tenants, other drivers) use of it."""
@@ -57,17 +64,11 @@ class ClusterView:
 
     @property
     def available(self) -> Resources:
-        total = Resources()
-        for n in self.nodes:
-            total = total + n.available
-        return total
+        return total_of(n.available for n in self.nodes)
 
     @property
     def capacity(self) -> Resources:
-        total = Resources()
-        for n in self.nodes:
-            total = total + n.capacity
-        return total
+        return total_of(n.capacity for n in self.nodes)
 
 
 @dataclass(frozen=True)

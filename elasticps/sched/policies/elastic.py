@@ -32,7 +32,7 @@ from elasticps.sched.objectives import (
     utility,
 )
 from elasticps.sched.policies.base import PolicyState, admission_order, admit, grow, objective_of, task_share
-from elasticps.sched.types import ClusterView, Decision, JobView, Resources
+from elasticps.sched.types import ClusterView, Decision, JobView, Resources, total_of
 
 
 class ElasticPolicy:
@@ -93,10 +93,7 @@ class ElasticPolicy:
         target, _ = grow(jobs, dict(admitted), left, score, pairs=True)
 
         # 2-3. which running jobs keep their current shape this round
-        waiting_need = Resources()
-        for job in jobs:
-            if job.current is None and job.id in admitted:
-                waiting_need = waiting_need + job.resources(*admitted[job.id])
+        waiting_need = total_of(j.resources(*admitted[j.id]) for j in jobs if j.current is None and j.id in admitted)
         wishes: dict[str, int] = {}
         held: dict[str, tuple[int, int]] = {}
         for job in admission_order(jobs):
@@ -115,10 +112,7 @@ class ElasticPolicy:
         held = self._fit_held(jobs, held, available, waiting_need)
 
         # the others share what the held jobs leave, up to their targets
-        reserved = Resources()
-        for job in jobs:
-            if job.id in held:
-                reserved = reserved + job.resources(*held[job.id])
+        reserved = total_of(j.resources(*held[j.id]) for j in jobs if j.id in held)
         rest = [j for j in jobs if j.id not in held]
         decision, left = admit(rest, available - reserved, order=self._order)
         caps = {job_id: shape for job_id, shape in target.items() if job_id not in held}
@@ -176,9 +170,7 @@ class ElasticPolicy:
         jobs' minimums fit (other tenants may have taken room since)."""
         by_id = {j.id: j for j in jobs}
         need = {job_id: by_id[job_id].resources(*shape) for job_id, shape in held.items()}
-        used = waiting_need
-        for r in need.values():
-            used = used + r
+        used = waiting_need + total_of(need.values())
         held = dict(held)
         for job_id in sorted(held, key=lambda i: (-need[i].dominant_share(available), i)):
             if used.fits_in(available):
