@@ -1,0 +1,92 @@
+"""Job specs (validation names the bad field) and the SQLite store (survives SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from elasticps import ConfigError
+from elasticps.manager import Store, parse_spec
+
+GOOD = """
+name: digits-1
+program: elasticps.examples.digits:program
+ps: {min: 1, max: 2, cpu: 0.5}
+workers: {min: 1, max: 4, cpu: 1}
+objective: efficiency
+"""
+
+
+def test_a_good_spec_parses_with_defaults():
+    spec = parse_spec(GOOD)
+    assert spec.name == "digits-1" and spec.mode == "sync" and spec.workers.max == 4
+    assert spec.checkpoint_every_steps == 100 and spec.objective == "efficiency"
+    assert parse_spec(spec.model_dump_json(), fmt="json") == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (GOOD.replace("digits-1", "Digits_1"), "field 'name': Value error, must be 1-63 lowercase"),
+        (GOOD.replace("elasticps.examples.digits:program", "digits"), "field 'program': .*package.module:attr"),
+        (GOOD.replace("max: 4", "max: 0"), r"field 'workers': Value error, min \(1\) must be <= max \(0\)"),
+        (GOOD.replace("cpu: 0.5", "cpu: -1"), "field 'ps.cpu': Input should be greater than 0"),
+        (GOOD + "colour: red\n", "field 'colour': Extra inputs are not permitted"),
+        (GOOD.replace("objective: efficiency", "objective: fastest"), "field 'objective'"),
+        ("name: [unclosed", "not valid YAML"),
+        ("- a list", "must be a mapping"),
+    ],
+)
+def test_bad_specs_name_the_field(text, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_spec(text)
+
+
+def test_store_round_trip_and_duplicate_names(tmp_path):
+    store = Store(tmp_path / "m.db")
+    spec = parse_spec(GOOD)
+    rec = store.add_job(spec, now=10.0)
+    assert rec.state == "pending" and rec.spec == spec
+    with pytest.raises(ConfigError, match="already exists"):
+        store.add_job(spec, now=11.0)
+    store.set_state("digits-1", "running", now=12.0)
+    store.record_allocation("digits-1", 12.0, 1, 2, {"ps-0": "n1", "worker-0": "n1", "worker-1": "n2"})
+    store.record_observation("digits-1", 20.0, 1, 2, 1234.5)
+    assert store.get_job("digits-1").state == "running"
+    assert store.allocations("digits-1")[0][3]["worker-1"] == "n2"
+    assert store.observations("digits-1") == [(1, 2, 1234.5)]
+    assert [e[3] for e in store.events("digits-1")] == ["submitted"]
+    assert [j.name for j in store.list_jobs(("running",))] == ["digits-1"]
+    with pytest.raises(ValueError, match="state must be one of"):
+        store.set_state("digits-1", "exploded", now=13.0)
+
+
+WRITER = """
+import sys, time
+from elasticps.manager import Store
+store = Store(sys.argv[1])
+i = 0
+while True:
+    store.add_event(float(i), None, "tick", str(i))
+    print(i, flush=True)   # acknowledged: the write above has returned
+    i += 1
+"""
+
+
+def test_acknowledged_writes_survive_sigkill(tmp_path):
+    db = tmp_path / "m.db"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+    acked = -1
+    deadline = time.monotonic() + 30
+    while acked < 200 and time.monotonic() < deadline:
+        acked = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    messages = [int(e[4]) for e in Store(db).events()]
+    assert acked >= 200
+    assert messages[: acked + 1] == list(range(acked + 1))  # every acknowledged write is there, in order
