@@ -26,6 +26,10 @@ class Resources:
     def scaled(self, k: float) -> Resources:
         return Resources(self.cpu * k, self.gpu * k, self.memory_gb * k)
 
+    def clamped(self) -> Resources:
+        """No dimension below zero."""
+        return Resources(max(0.0, self.cpu), max(0.0, self.gpu), max(0.0, self.memory_gb))
+
     def fits_in(self, o: Resources, eps: float = 1e-9) -> bool:
         return self.cpu <= o.cpu + eps and self.gpu <= o.gpu + eps and self.memory_gb <= o.memory_gb + eps
 
@@ -54,8 +58,7 @@ class NodeView:
 
     @property
     def available(self) -> Resources:
-        a = self.capacity - self.used_by_others
-        return Resources(max(0.0, a.cpu), max(0.0, a.gpu), max(0.0, a.memory_gb))
+        return (self.capacity - self.used_by_others).clamped()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,198 @@
+"""The configuration manager's control loop (a Ray driver).
+
+Every round (``step``): read the jobs' progress reports and record an
+observation of each running job's speed at its shape; refit its speed model
+from the stored observations; read the nodes' capacity and other tenants' use
+from Ray; run the policy and placement (the same code as the simulator); start
+admitted jobs, rescale running ones whose shape or placement changed, and mark
+finished or failed ones. Everything it decides is written to the store first.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from elasticps.manager.capacity import ray_cluster_view
+from elasticps.manager.spec import JobSpec
+from elasticps.manager.store import JobRecord, Store
+from elasticps.placement import place
+from elasticps.program import load_program
+from elasticps.runtime import JobConfig, JobController, TaskResources
+from elasticps.sched import JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
+from elasticps.sched.types import total_of
+
+log = logging.getLogger("elasticps.manager")
+
+
+@dataclass
+class _Live:
+    controller: JobController
+    thread: threading.Thread
+    seen_windows: int = 0
+    model: SpeedModel | None = None
+    placement: dict[str, str] = field(default_factory=dict)
+
+
+class Manager:
+    def __init__(
+        self,
+        store: Store,
+        workdir: str | Path,
+        policy: str = "elastic",
+        objective: str = "goodput",
+        placement: str = "locality",
+        clock: Callable[[], float] = time.time,
+        report_interval_s: float = 2.0,
+    ) -> None:
+        self.store = store
+        self.workdir = Path(workdir)
+        self.policy = make_policy(policy, objective=objective)
+        self.placement_method = placement
+        self.clock = clock
+        self.report_interval_s = report_interval_s
+        self.state = PolicyState()
+        self.live: dict[str, _Live] = {}
+
+    # -- API
+    def submit(self, spec: JobSpec) -> JobRecord:
+        load_program(spec.program)  # fail now, with a clear error, if it cannot be imported
+        return self.store.add_job(spec, self.clock())
+
+    def cancel(self, name: str) -> None:
+        now = self.clock()
+        live = self.live.pop(name, None)
+        if live is not None:
+            live.controller.stop()
+            live.thread.join(timeout=60)
+            live.controller.shutdown()
+        self.store.set_state(name, "cancelled", now)
+        self.store.add_event(now, name, "cancelled", f"job {name} cancelled")
+
+    def shutdown(self) -> None:
+        for live in self.live.values():
+            live.controller.stop()
+        for live in self.live.values():
+            live.thread.join(timeout=60)
+            live.controller.shutdown()
+        self.live.clear()
+
+    # -- the loop
+    def step(self) -> dict[str, tuple[int, int]]:
+        now = self.clock()
+        self._collect(now)
+        records = self.store.list_jobs(("pending", "running"))
+        views = [self._view(r) for r in records]
+        cluster = ray_cluster_view(self._ours())
+        decision, self.state = self.policy.decide(views, cluster, self.state)
+        current = {n: live.placement for n, live in self.live.items()}
+        placed = place(views, decision, cluster, current, self.placement_method)
+        for rec in records:
+            shape = decision.get(rec.name)
+            placement = placed.placement.get(rec.name)
+            if shape is None or placement is None:
+                continue
+            live = self.live.get(rec.name)
+            if live is None:
+                self._start(rec, shape, placement, now)
+            elif (len(live.controller.ps), len(live.controller.workers)) != shape or placement != live.placement:
+                live.controller.rescale(*shape, placement=placement)
+                live.placement = placement
+                self.store.record_allocation(rec.name, now, *shape, placement)
+                self.store.add_event(now, rec.name, "rescale", f"rescale to {shape[0]} PS x {shape[1]} workers")
+        return decision
+
+    def run(self, interval_s: float, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.step()
+            except Exception:
+                log.exception("scheduling round failed")
+            stop.wait(interval_s)
+
+    # -- helpers
+    def _start(self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float) -> None:
+        spec = rec.spec
+        config = JobConfig(
+            mode=spec.mode,
+            checkpoint_dir=str(self.workdir / rec.name / "checkpoints"),
+            checkpoint_every_steps=spec.checkpoint_every_steps,
+            report_interval_s=self.report_interval_s,
+            ps_resources=TaskResources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_bytes=int(spec.ps.memory_gb * 1024**3)),
+            worker_resources=TaskResources(
+                cpu=spec.workers.cpu, gpu=spec.workers.gpu, memory_bytes=int(spec.workers.memory_gb * 1024**3)
+            ),
+        )
+        controller = JobController(spec.program, config, *shape, placement=placement)
+        thread = controller.run_in_thread()
+        self.live[rec.name] = _Live(controller, thread, placement=placement)
+        self.store.set_state(rec.name, "running", now)
+        self.store.record_allocation(rec.name, now, *shape, placement)
+        self.store.add_event(now, rec.name, "started", f"started with {shape[0]} PS x {shape[1]} workers")
+
+    def _collect(self, now: float) -> None:
+        """Record new speed observations; retire jobs that ended."""
+        for name, live in list(self.live.items()):
+            report = live.controller.report()
+            for w in report.windows[live.seen_windows :]:
+                self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
+            live.seen_windows = len(report.windows)
+            if report.state in ("finished", "failed") and not live.thread.is_alive():
+                self.store.set_state(name, report.state, now)
+                self.store.add_event(
+                    now, name, report.state, f"job {report.state}" + (f": {report.error}" if report.error else "")
+                )
+                live.controller.shutdown()
+                del self.live[name]
+
+    def _view(self, rec: JobRecord) -> JobView:
+        spec = rec.spec
+        program = load_program(spec.program)
+        live = self.live.get(rec.name)
+        model = SpeedModel(program.batch_size, spec.mode).fit(
+            [Observation(p, w, s) for p, w, s in self.store.observations(rec.name)]
+        )
+        current = None
+        remaining = float(program.epochs)
+        if live is not None:
+            c = live.controller
+            current = (len(c.ps), len(c.workers)) if c.ps else None
+            remaining = max(1.0, program.epochs - c.position.epoch)
+        min_ps, min_w = spec.ps.min, spec.workers.min
+        max_ps, max_w = spec.ps.max, spec.workers.max
+        explore = None
+        if not model.shapes:
+            max_ps, max_w = min_ps, min_w
+        elif not model.confident and current is not None:
+            explore = model.explore(current, spec.ps.max, spec.workers.max)
+            if explore is not None:
+                max_ps, max_w = max(current[0], explore[0]), max(current[1], explore[1])
+        return JobView(
+            id=rec.name,
+            speed=model.predict,
+            min_ps=max(1, min_ps),
+            max_ps=max(1, max_ps),
+            min_workers=min_w,
+            max_workers=max_w,
+            ps_resources=Resources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_gb=spec.ps.memory_gb),
+            worker_resources=Resources(cpu=spec.workers.cpu, gpu=spec.workers.gpu, memory_gb=spec.workers.memory_gb),
+            remaining_samples=remaining * 1e4,
+            current=current,
+            objective=spec.objective,
+            arrival=rec.submitted_at,
+            waited_s=self.clock() - rec.submitted_at if live is None else 0.0,
+            explore=explore,
+        )
+
+    def _ours(self) -> dict[str, Resources]:
+        per_node: dict[str, list[Resources]] = {}
+        for name, live in self.live.items():
+            spec = self.store.get_job(name).spec
+            for task, node in live.controller.placement().items():
+                kind = spec.ps if task.startswith("ps-") else spec.workers
+                per_node.setdefault(node, []).append(Resources(cpu=kind.cpu, gpu=kind.gpu, memory_gb=kind.memory_gb))
+        return {n: total_of(rs) for n, rs in per_node.items()}

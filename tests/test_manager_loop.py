@@ -1,0 +1,45 @@
+"""The manager's control loop on a real local Ray cluster with real jobs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from elasticps import ProgramError
+from elasticps.manager import Store, parse_spec
+from elasticps.manager.service import Manager
+
+SPEC = """
+name: {name}
+program: elasticps.examples.digits:program
+ps: {{min: 1, max: 2, cpu: 0.5}}
+workers: {{min: 1, max: 3, cpu: 0.5}}
+"""
+
+
+def test_jobs_are_started_observed_resized_and_finished(ray_local, tmp_path):
+    store = Store(tmp_path / "m.db")
+    manager = Manager(store, tmp_path / "work", report_interval_s=0.5)
+    with pytest.raises(ProgramError, match="cannot import module"):
+        manager.submit(parse_spec(SPEC.format(name="bad").replace("elasticps.examples.digits", "no.such")))
+    for name in ("a", "b"):
+        manager.submit(parse_spec(SPEC.format(name=name)))
+    decision = manager.step()
+    assert decision == {"a": (1, 1), "b": (1, 1)}  # no observation yet: each starts at its minimum
+    assert {j.name: j.state for j in store.list_jobs()} == {"a": "running", "b": "running"}
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and store.list_jobs(("running", "pending")):
+        manager.step()
+        time.sleep(1.0)
+    manager.shutdown()
+    jobs = {j.name: j.state for j in store.list_jobs()}
+    assert jobs == {"a": "finished", "b": "finished"}
+    for name in ("a", "b"):
+        obs = store.observations(name)
+        assert obs and all(s > 0 for _, _, s in obs)  # the loop read the jobs' reports
+        kinds = [e[3] for e in store.events(name)]
+        assert kinds[0] == "submitted" and "started" in kinds and kinds[-1] == "finished"
+    # at least one job was grown once its speed had been seen (8 logical CPUs, 1 CPU per job at the start)
+    assert any(max(p + w for _, p, w, _ in store.allocations(n)) > 2 for n in ("a", "b"))
