@@ -1,0 +1,91 @@
+"""The REST API over real HTTP on loopback (uvicorn), against a real store.
+
+The control loop is not running here (tests/test_manager_loop.py runs it):
+these tests cover the API's contract: validation, status codes, auth, metrics.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+
+from elasticps import ConfigError
+from elasticps.manager import Store
+from elasticps.manager.api import check_bind, create_app
+from elasticps.manager.service import Manager
+
+SPEC = "name: {name}\nprogram: elasticps.examples.digits:program\nworkers: {{min: 1, max: 2}}\n"
+
+
+@pytest.fixture
+def server(tmp_path):
+    manager = Manager(Store(tmp_path / "m.db"), tmp_path / "work")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(manager, token="s3cret"), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": "Bearer s3cret"}, timeout=10)
+    yield client, manager
+    client.close()
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_submit_list_get_cancel_events_metrics(server):
+    client, _ = server
+    r = client.post("/jobs", content=SPEC.format(name="job-1"), headers={"Content-Type": "application/yaml"})
+    assert r.status_code == 201 and r.json()["state"] == "pending"
+    assert client.post("/jobs", content=SPEC.format(name="job-1")).status_code == 409
+    r = client.post("/jobs", json={"name": "job-2", "program": "elasticps.examples.digits:program"})
+    assert r.status_code == 201
+    assert [j["name"] for j in client.get("/jobs").json()] == ["job-1", "job-2"]
+    assert client.get("/jobs/job-2").json()["spec"]["workers"]["max"] == 8
+    assert client.get("/jobs/nope").status_code == 404
+    assert client.delete("/jobs/job-1").json()["state"] == "cancelled"
+    assert client.delete("/jobs/job-1").status_code == 409
+    kinds = [(e["job"], e["kind"]) for e in client.get("/events").json()]
+    assert kinds == [("job-1", "submitted"), ("job-2", "submitted"), ("job-1", "cancelled")]
+    assert len(client.get("/events", params={"after": 2}).json()) == 1
+    metrics = client.get("/metrics").text
+    assert 'elasticps_jobs{state="pending"} 1' in metrics and 'elasticps_jobs{state="cancelled"} 1' in metrics
+    assert "openapi" in client.get("/openapi.json").json()
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ("name: UPPER\nprogram: a.b:c\n", "field 'name'"),
+        ("name: x\nprogram: a.b:c\nworkers: {min: 3, max: 1}\n", "field 'workers'"),
+        ("name: x\nprogram: no.such.module:prog\n", "field 'program': cannot import module 'no.such.module'"),
+        ("name: x\n", "field 'program': Field required"),
+    ],
+)
+def test_bad_specs_get_a_4xx_naming_the_field(server, body, detail):
+    client, _ = server
+    r = client.post("/jobs", content=body)
+    assert r.status_code == 400 and detail in r.json()["detail"]
+
+
+def test_requests_without_the_token_are_refused(server):
+    client, _ = server
+    url = str(client.base_url).rstrip("/") + "/jobs"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_non_loopback_bind_needs_a_token():
+    check_bind("127.0.0.1", None)
+    check_bind("0.0.0.0", "t")
+    with pytest.raises(ConfigError, match="needs a token"):
+        check_bind("0.0.0.0", None)
