@@ -89,3 +89,23 @@ def test_non_loopback_bind_needs_a_token():
     check_bind("0.0.0.0", "t")
     with pytest.raises(ConfigError, match="needs a token"):
         check_bind("0.0.0.0", None)
+
+
+def test_cli_talks_to_the_server(server, tmp_path, monkeypatch, capsys):
+    from elasticps.cli.main import main
+
+    client, _ = server
+    url = str(client.base_url).rstrip("/")
+    monkeypatch.setenv("ELASTICPS_TOKEN", "s3cret")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC.format(name="cli-job"))
+    assert main(["submit", str(spec), "--url", url]) == 0
+    assert main(["status", "--url", url]) == 0
+    assert main(["cancel", "cli-job", "--url", url]) == 0
+    assert main(["events", "cli-job", "--url", url]) == 0
+    assert main(["submit", str(spec), "--url", url]) == 2  # duplicate: a clear error, non-zero exit
+    out, err = capsys.readouterr()
+    assert "submitted cli-job (pending)" in out
+    assert "cli-job  pending" in out.replace("   ", "  ")
+    assert "cli-job: cancelled" in out and "cancelled" in out
+    assert "409: a job named 'cli-job' already exists" in err

@@ -129,6 +129,80 @@ def _print_table(results: dict) -> None:
         print(f"{name:10s} " + " ".join(f"{r.metrics[c]:16.4g}" for c in cols))
 
 
+def cmd_server(args: argparse.Namespace) -> int:
+    import os
+    import threading
+
+    import uvicorn
+
+    from elasticps.manager import Store
+    from elasticps.manager.api import check_bind, create_app
+    from elasticps.manager.service import Manager
+    from elasticps.raycluster import ensure_ray
+
+    token = args.token or os.environ.get("ELASTICPS_TOKEN")
+    check_bind(args.host, token)
+    ensure_ray(args.ray_address, num_cpus=args.num_cpus)
+    workdir = Path(args.workdir)
+    manager = Manager(Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement)
+    stop = threading.Event()
+    loop = threading.Thread(target=manager.run, args=(args.interval_s, stop), name="elasticps-loop", daemon=True)
+    loop.start()
+    print(f"elasticps manager on http://{args.host}:{args.port} (state in {workdir})", flush=True)
+    try:
+        uvicorn.run(create_app(manager, token), host=args.host, port=args.port, log_level="warning")
+    finally:
+        stop.set()
+        loop.join(timeout=30)
+        manager.shutdown()
+    return 0
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from elasticps.manager.client import Client, ManagerError
+
+    client = Client(args.url)
+    try:
+        if args.command == "submit":
+            text = Path(args.spec).read_text()
+            job = client.submit(text, json_body=args.spec.endswith(".json"))
+            print(f"submitted {job['name']} ({job['state']})")
+        elif args.command == "status":
+            rows = []
+            for j in client.jobs():
+                alloc = j.get("allocation") or {}
+                prog = j.get("progress") or {}
+                rate = prog.get("samples_per_s")
+                rows.append(
+                    [
+                        j["name"],
+                        j["state"],
+                        f"{alloc.get('num_ps', '-')}x{alloc.get('num_workers', '-')}",
+                        f"{prog.get('epoch', '-')}/{prog.get('epochs', '-')}",
+                        f"{rate:.0f}" if rate else "-",
+                    ]
+                )
+            print(_table(rows, ["JOB", "STATE", "PSxW", "EPOCH", "SAMPLES/S"]))
+        elif args.command == "describe":
+            print(json.dumps(client.job(args.name), indent=2))
+        elif args.command == "cancel":
+            print(f"{args.name}: {client.cancel(args.name)['state']}")
+        elif args.command == "events":
+            for e in client.events(args.name):
+                print(f"{e['id']:5d} {e['job'] or '-':12s} {e['kind']:10s} {e['message']}")
+    except ManagerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticps", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -162,6 +236,36 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     train.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
     train.set_defaults(func=cmd_train)
+    server = sub.add_parser("server", help="run the configuration manager (REST API + control loop)")
+    server.add_argument("--workdir", default="elasticps-state", help="database and checkpoints go here")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8470)
+    server.add_argument("--token", help="required unless bound to loopback (or set ELASTICPS_TOKEN)")
+    server.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    server.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
+    server.add_argument("--interval-s", type=float, default=10.0, help="scheduling interval")
+    server.add_argument("--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic"])
+    server.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"])
+    server.add_argument("--placement", default="locality", choices=["locality", "spread", "pack", "optimus"])
+    server.set_defaults(func=cmd_server)
+
+    for name, helptext in [
+        ("submit", "submit a job spec (YAML or JSON)"),
+        ("status", "list jobs"),
+        ("describe", "one job in full"),
+        ("cancel", "cancel a job"),
+        ("events", "events"),
+    ]:
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("--url", help="manager URL (default $ELASTICPS_URL or http://127.0.0.1:8470)")
+        if name == "submit":
+            c.add_argument("spec")
+        elif name in ("describe", "cancel"):
+            c.add_argument("name")
+        elif name == "events":
+            c.add_argument("name", nargs="?")
+        c.set_defaults(func=cmd_client)
+
     sim = sub.add_parser("sim", help="simulate policies on a modelled cluster")
     sim.add_argument("--workload", help="a .csv or .jsonl workload (default: synthetic)")
     sim.add_argument("--jobs", type=int, default=300, help="synthetic workload: number of jobs")

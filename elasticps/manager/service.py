@@ -33,9 +33,9 @@ log = logging.getLogger("elasticps.manager")
 class _Live:
     controller: JobController
     thread: threading.Thread
-    seen_windows: int = 0
-    model: SpeedModel | None = None
+    shape: tuple[int, int]
     placement: dict[str, str] = field(default_factory=dict)
+    seen_windows: int = 0
 
 
 class Manager:
@@ -99,9 +99,9 @@ class Manager:
             live = self.live.get(rec.name)
             if live is None:
                 self._start(rec, shape, placement, now)
-            elif (len(live.controller.ps), len(live.controller.workers)) != shape or placement != live.placement:
+            elif shape != live.shape or placement != live.placement:
                 live.controller.rescale(*shape, placement=placement)
-                live.placement = placement
+                live.shape, live.placement = shape, placement
                 self.store.record_allocation(rec.name, now, *shape, placement)
                 self.store.add_event(now, rec.name, "rescale", f"rescale to {shape[0]} PS x {shape[1]} workers")
         return decision
@@ -129,7 +129,7 @@ class Manager:
         )
         controller = JobController(spec.program, config, *shape, placement=placement)
         thread = controller.run_in_thread()
-        self.live[rec.name] = _Live(controller, thread, placement=placement)
+        self.live[rec.name] = _Live(controller, thread, shape, placement)
         self.store.set_state(rec.name, "running", now)
         self.store.record_allocation(rec.name, now, *shape, placement)
         self.store.add_event(now, rec.name, "started", f"started with {shape[0]} PS x {shape[1]} workers")
@@ -159,9 +159,8 @@ class Manager:
         current = None
         remaining = float(program.epochs)
         if live is not None:
-            c = live.controller
-            current = (len(c.ps), len(c.workers)) if c.ps else None
-            remaining = max(1.0, program.epochs - c.position.epoch)
+            current = live.shape  # asked for; the controller switches at its next step boundary
+            remaining = max(1.0, program.epochs - live.controller.position.epoch)
         min_ps, min_w = spec.ps.min, spec.workers.min
         max_ps, max_w = spec.ps.max, spec.workers.max
         explore = None
