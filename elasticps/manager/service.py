@@ -1,5 +1,9 @@
 """The configuration manager's control loop (a Ray driver).
 
+A job the store says is running but that has no controller here (the
+manager was killed and restarted) is started again from its latest
+checkpoint: its old tasks died with the old driver.
+
 Every round (``step``): read the jobs' progress reports and record an
 observation of each running job's speed at its shape; refit its speed model
 from the stored observations; read the nodes' capacity and other tenants' use
@@ -130,9 +134,11 @@ class Manager:
         controller = JobController(spec.program, config, *shape, placement=placement)
         thread = controller.run_in_thread()
         self.live[rec.name] = _Live(controller, thread, shape, placement)
+        restarted = rec.state == "running"  # running in the store, not here: the manager was restarted
         self.store.set_state(rec.name, "running", now)
         self.store.record_allocation(rec.name, now, *shape, placement)
-        self.store.add_event(now, rec.name, "started", f"started with {shape[0]} PS x {shape[1]} workers")
+        verb = "restarted from its latest checkpoint" if restarted else "started"
+        self.store.add_event(now, rec.name, "started", f"{verb} with {shape[0]} PS x {shape[1]} workers")
 
     def _collect(self, now: float) -> None:
         """Record new speed observations; retire jobs that ended."""

@@ -1,0 +1,96 @@
+"""SIGKILL the manager mid-job, restart it: the job resumes from its checkpoint and finishes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from elasticps.manager import Store
+from elasticps.runtime import CheckpointStore
+
+pytestmark = pytest.mark.slow
+
+SPEC = """name: survivor
+program: elasticps.examples.digits:program
+ps: {min: 1, max: 1, cpu: 0.5}
+workers: {min: 1, max: 2, cpu: 0.5}
+checkpoint_every_steps: 50
+"""
+
+
+def _server(workdir, port, log):
+    cmd = [
+        sys.executable,
+        "-m",
+        "elasticps",
+        "server",
+        "--workdir",
+        str(workdir),
+        "--port",
+        str(port),
+        "--num-cpus",
+        "8",
+        "--interval-s",
+        "2",
+    ]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _wait_up(url, proc, log, timeout_s=90):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()
+        try:
+            return httpx.get(f"{url}/jobs", timeout=2).json()
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    pytest.fail("manager did not come up")
+
+
+def test_manager_sigkill_and_restart(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    first = _server(tmp_path, port, tmp_path / "first.log")
+    _wait_up(url, first, tmp_path / "first.log")
+    assert httpx.post(f"{url}/jobs", content=SPEC, timeout=30).status_code == 201
+    ckpts = CheckpointStore(tmp_path / "survivor" / "checkpoints")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        latest = ckpts.latest()
+        if latest is not None and latest.step >= 100:
+            break
+        time.sleep(0.3)
+    else:
+        pytest.fail((tmp_path / "first.log").read_text())
+    os.killpg(first.pid, signal.SIGKILL)  # the manager, its Ray cluster and the job's tasks
+    first.wait()
+    killed_at = ckpts.latest().step
+
+    second = _server(tmp_path, port, tmp_path / "second.log")
+    try:
+        jobs = _wait_up(url, second, tmp_path / "second.log")
+        assert [j["name"] for j in jobs] == ["survivor"]  # acknowledged before the kill: still there
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if httpx.get(f"{url}/jobs/survivor", timeout=5).json()["state"] == "finished":
+                break
+            time.sleep(1)
+        else:
+            pytest.fail((tmp_path / "second.log").read_text())
+        messages = [e["message"] for e in httpx.get(f"{url}/events", params={"job": "survivor"}, timeout=5).json()]
+        assert any("restarted from its latest checkpoint" in m for m in messages), messages
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        second.wait(timeout=60)
+    assert ckpts.latest().step == 440 and killed_at >= 100
+    assert Store(tmp_path / "manager.db").get_job("survivor").state == "finished"
