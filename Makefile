@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup browser demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,13 @@ setup: $(STAMP)
 demo: setup
 	$(VENV)/bin/elasticps demo
 
-test: setup lint
+# The dashboard test drives a real headless Chromium (Debian's package).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+		else echo "chromium missing: install Debian's chromium to run the dashboard test" >&2; fi; }
+
+test: setup browser lint
 	$(PY) -m pytest -q -ra --durations=15
 
 test-fast: setup

@@ -5,6 +5,8 @@
 - ``GET /jobs``, ``GET /jobs/{name}``, ``DELETE /jobs/{name}`` (cancel).
 - ``GET /events?job=&after=``: events in order.
 - ``GET /metrics``: Prometheus text format.
+- ``GET /``: the dashboard (nodes, jobs' shapes over time, throughput, loss);
+  ``GET /api/overview`` its data.
 
 Bound to 127.0.0.1 by default; on any other address a token is required and
 every request must carry ``Authorization: Bearer <token>``.
@@ -13,10 +15,11 @@ every request must carry ``Authorization: Bearer <token>``.
 from __future__ import annotations
 
 import hmac
+from importlib import resources
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse
 
 from elasticps.errors import ConfigError, ProgramError
 from elasticps.manager.service import Manager
@@ -137,5 +140,14 @@ def create_app(manager: Manager, token: str | None = None) -> FastAPI:
             if report.windows:
                 lines.append(f'elasticps_job_samples_per_second{{job="{name}"}} {report.windows[-1].samples_per_s:.3f}')
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    @app.get("/", response_class=HTMLResponse)
+    def dashboard() -> HTMLResponse:
+        # the page itself is static; its data comes from /api/overview (token in the URL fragment)
+        return HTMLResponse(resources.files("elasticps.manager").joinpath("dashboard.html").read_text())
+
+    @app.get("/api/overview", dependencies=deps)
+    def overview() -> dict[str, Any]:
+        return manager.overview()
 
     return app

@@ -118,6 +118,45 @@ class Manager:
                 log.exception("scheduling round failed")
             stop.wait(interval_s)
 
+    def overview(self) -> dict:
+        """What the dashboard shows: nodes (CPU used by jobs, by others, free) and
+        jobs (tasks over time, throughput over time, loss by step)."""
+        import ray
+
+        nodes = []
+        if ray.is_initialized():
+            ours = self._ours()
+            for n in ray_cluster_view(ours).nodes:
+                jobs_cpu = ours.get(n.name, Resources()).cpu
+                nodes.append(
+                    {
+                        "id": n.name,
+                        "cpu": n.capacity.cpu,
+                        "jobs_cpu": round(jobs_cpu, 2),
+                        "others_cpu": round(n.used_by_others.cpu, 2),
+                        "free_cpu": round(max(0.0, n.capacity.cpu - jobs_cpu - n.used_by_others.cpu), 2),
+                    }
+                )
+        jobs = []
+        for rec in self.store.list_jobs():
+            allocs = self.store.allocations(rec.name)
+            live = self.live.get(rec.name)
+            report = live.controller.report() if live else None
+            last = allocs[-1] if allocs else (0, 0, 0, {})
+            jobs.append(
+                {
+                    "name": rec.name,
+                    "state": rec.state,
+                    "num_ps": last[1],
+                    "num_workers": last[2],
+                    "tasks": [[at - rec.submitted_at, p + w] for at, p, w, _ in allocs],
+                    "throughput": [[w.last_step, w.samples_per_s] for w in report.windows] if report else [],
+                    "loss": [[w.last_step, w.loss] for w in report.windows] if report else [],
+                    "metric": report.epoch_reports[-1].metric if report and report.epoch_reports else None,
+                }
+            )
+        return {"nodes": nodes, "jobs": jobs}
+
     # -- helpers
     def _start(self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float) -> None:
         spec = rec.spec
@@ -197,7 +236,8 @@ class Manager:
         per_node: dict[str, list[Resources]] = {}
         for name, live in self.live.items():
             spec = self.store.get_job(name).spec
-            for task, node in live.controller.placement().items():
+            tasks = list(live.controller.placement().items()) + list(live.controller.starting().items())
+            for task, node in tasks:
                 kind = spec.ps if task.startswith("ps-") else spec.workers
                 per_node.setdefault(node, []).append(Resources(cpu=kind.cpu, gpu=kind.gpu, memory_gb=kind.memory_gb))
         return {n: total_of(rs) for n, rs in per_node.items()}

@@ -218,6 +218,16 @@ class JobController:
         out.update({task_name("worker", i): t.node_id for i, t in enumerate(self.workers)})
         return out
 
+    def starting(self) -> dict[str, str]:
+        """Tasks of a pending rescale that have been started on a pinned node but
+        are not in use yet: ``{task name: node id}`` (they already hold resources)."""
+        pending = self._pending
+        if pending is None:
+            return {}
+        out = {task_name("ps", i): p.wanted_node for i, p in pending.new_ps.items() if p.wanted_node}
+        out.update({task_name("worker", i): p.wanted_node for i, p in pending.new_workers.items() if p.wanted_node})
+        return out  # type: ignore[return-value]
+
     @property
     def done(self) -> bool:
         return self.position.epoch >= self.program.epochs
