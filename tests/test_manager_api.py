@@ -109,3 +109,15 @@ def test_cli_talks_to_the_server(server, tmp_path, monkeypatch, capsys):
     assert "cli-job  pending" in out.replace("   ", "  ")
     assert "cli-job: cancelled" in out and "cancelled" in out
     assert "409: a job named 'cli-job' already exists" in err
+
+
+def test_limits_can_be_changed_and_are_validated(server):
+    client, _ = server
+    assert client.post("/jobs", content=SPEC.format(name="lim")).status_code == 201
+    r = client.patch("/jobs/lim", json={"workers": {"max": 6}})
+    assert r.status_code == 200 and r.json()["spec"]["workers"] == {**r.json()["spec"]["workers"], "min": 1, "max": 6}
+    r = client.patch("/jobs/lim", json={"workers": {"min": 5, "max": 2}})
+    assert r.status_code == 400 and "field 'workers'" in r.json()["detail"]
+    assert client.patch("/jobs/lim", json={"gpus": 3}).status_code == 400
+    assert client.patch("/jobs/none", json={"ps": {"max": 2}}).status_code == 404
+    assert [e["kind"] for e in client.get("/events", params={"job": "lim"}).json()] == ["submitted", "limits"]

@@ -2,7 +2,8 @@
 
 - ``POST /jobs``: submit a spec (YAML, or JSON with ``Content-Type: application/json``);
   400 names the bad field, 409 on a duplicate name.
-- ``GET /jobs``, ``GET /jobs/{name}``, ``DELETE /jobs/{name}`` (cancel).
+- ``GET /jobs``, ``GET /jobs/{name}``, ``DELETE /jobs/{name}`` (cancel),
+  ``PATCH /jobs/{name}`` (change min/max PS and workers).
 - ``GET /events?job=&after=``: events in order.
 - ``GET /metrics``: Prometheus text format.
 - ``GET /``: the dashboard (nodes, jobs' shapes over time, throughput, loss);
@@ -20,6 +21,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse, PlainTextResponse
+from pydantic import ValidationError
 
 from elasticps.errors import ConfigError, ProgramError
 from elasticps.manager.service import Manager
@@ -111,6 +113,30 @@ def create_app(manager: Manager, token: str | None = None) -> FastAPI:
             raise HTTPException(status_code=409, detail=f"job {name!r} has already {rec.state}")
         manager.cancel(name)
         return _job_json(manager.store.get_job(name), manager)
+
+    @app.patch("/jobs/{name}", dependencies=deps)
+    def set_limits(name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Change min/max: ``{"ps": {"min": 1, "max": 2}, "workers": {"min": 1, "max": 4}}``."""
+        unknown = set(body) - {"ps", "workers"}
+        if unknown:
+            raise HTTPException(status_code=400, detail=f"job limits field '{sorted(unknown)[0]}': not a limit")
+        try:
+            rec = manager.store.get_job(name)
+        except KeyError:
+            raise HTTPException(status_code=404, detail=f"no job named {name!r}") from None
+        limits = {}
+        for kind in ("ps", "workers"):
+            if kind in body:
+                cur = getattr(rec.spec, kind)
+                part = body[kind] if isinstance(body[kind], dict) else {}
+                limits[kind] = (int(part.get("min", cur.min)), int(part.get("max", cur.max)))
+        try:
+            rec = manager.set_limits(name, limits.get("ps"), limits.get("workers"))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "spec"
+            raise HTTPException(status_code=400, detail=f"job spec field '{where}': {first['msg']}") from exc
+        return _job_json(rec, manager)
 
     @app.get("/events", dependencies=deps)
     def events(job: str | None = None, after: int = 0) -> list[dict[str, Any]]:

@@ -61,11 +61,31 @@ class Manager:
         self.report_interval_s = report_interval_s
         self.state = PolicyState()
         self.live: dict[str, _Live] = {}
+        self.wake = threading.Event()  # an event worth a round now (submission, finish, limits)
 
     # -- API
     def submit(self, spec: JobSpec) -> JobRecord:
         load_program(spec.program)  # fail now, with a clear error, if it cannot be imported
-        return self.store.add_job(spec, self.clock())
+        rec = self.store.add_job(spec, self.clock())
+        self.wake.set()
+        return rec
+
+    def set_limits(self, name: str, ps: tuple[int, int] | None, workers: tuple[int, int] | None) -> JobRecord:
+        """Change a job's min/max PS and workers; the next round honours them."""
+        rec = self.store.get_job(name)
+        update: dict = {}
+        if ps is not None:
+            update["ps"] = rec.spec.ps.model_copy(update={"min": ps[0], "max": ps[1]})
+        if workers is not None:
+            update["workers"] = rec.spec.workers.model_copy(update={"min": workers[0], "max": workers[1]})
+        spec = JobSpec.model_validate({**rec.spec.model_dump(), **{k: v.model_dump() for k, v in update.items()}})
+        now = self.clock()
+        self.store.update_spec(spec, now)
+        self.store.add_event(
+            now, name, "limits", f"PS {spec.ps.min}..{spec.ps.max}, workers {spec.workers.min}..{spec.workers.max}"
+        )
+        self.wake.set()
+        return self.store.get_job(name)
 
     def cancel(self, name: str) -> None:
         now = self.clock()
@@ -193,6 +213,7 @@ class Manager:
                 )
                 live.controller.shutdown()
                 del self.live[name]
+                self.wake.set()  # its room is free: decide again soon
 
     def _view(self, rec: JobRecord) -> JobView:
         spec = rec.spec

@@ -100,6 +100,9 @@ class Store:
             raise ValueError(f"state must be one of {STATES}")
         self._write("UPDATE jobs SET state = ?, updated_at = ? WHERE name = ?", (state, now, name))
 
+    def update_spec(self, spec: JobSpec, now: float) -> None:
+        self._write("UPDATE jobs SET spec = ?, updated_at = ? WHERE name = ?", (spec.model_dump_json(), now, spec.name))
+
     def get_job(self, name: str) -> JobRecord:
         row = self._db.execute(
             "SELECT name, spec, state, submitted_at, updated_at FROM jobs WHERE name = ?", (name,)
