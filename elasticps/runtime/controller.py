@@ -53,6 +53,7 @@ log = logging.getLogger("elasticps.runtime")
 
 MAX_WINDOWS = 2000
 MAX_EVENTS = 500
+SUSPECT_NODE_S = 60.0  # Ray notices a dead raylet within ~30 s; until then do not pin to it
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,8 @@ class JobController:
         self._epoch_start = (0.0, 0)
         self._last_ckpt_step = -1
         self._nodes_used: set[str] = set()  # where the job's tasks ran: swept at shutdown
-        # Nodes where tasks died: not pinned to again (a dead raylet is seen late).
-        self._suspect_nodes: set[str] = set()
+        # Nodes where tasks died, and when: not pinned to for SUSPECT_NODE_S.
+        self._suspect_nodes: dict[str, float] = {}
 
     # ------------------------------------------------------------------ API
     def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str] | None = None) -> int:
@@ -689,7 +690,7 @@ class JobController:
                 for i in range(counts[kind]):
                     name = task_name(kind, i)
                     want = shape.placement.get(name)
-                    if want is not None and (want not in nodes or want in self._suspect_nodes):
+                    if want is not None and (want not in nodes or self._suspect(want)):
                         if strict:
                             tasks.check_fits(name, want, resources[kind], nodes)
                         self._event(f"{name}: pinned node {want} is gone; letting Ray place it")
@@ -712,6 +713,11 @@ class JobController:
                 tasks.kill(p.handle)
             raise
         return _PendingChange(request_id, shape, new["ps"], new["worker"], time.monotonic(), reason)
+
+    def _suspect(self, node: str) -> bool:
+        """A node where tasks died recently: its raylet may be dead before Ray says so."""
+        since = self._suspect_nodes.get(node)
+        return since is not None and time.monotonic() - since < SUSPECT_NODE_S
 
     def _cancel_pending(self) -> None:
         assert self._pending is not None
@@ -806,7 +812,7 @@ class JobController:
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in self.ps if not tasks.is_alive(t.handle, timeout)]
         dead_workers = [t for t in self.workers if not tasks.is_alive(t.handle, timeout)]
-        self._suspect_nodes.update(t.node_id for t in dead_ps + dead_workers)
+        self._suspect_nodes.update({t.node_id: time.monotonic() for t in dead_ps + dead_workers})
         if ps_inconsistent and not dead_ps and dead_workers:
             self._event("an update failed part-way (a worker's gradient was lost)")
             self._restore_ps([])
