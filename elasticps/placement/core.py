@@ -185,7 +185,6 @@ def _locality(job: JobView, p: int, w: int, room: _Room, prefer: set[str]) -> Jo
     return placed if placed is not None else _pack(job, p, w, room)
 
 
-Placer = Callable[[JobView, int, int, _Room], JobPlacement | None]
 PLACERS: dict[str, str] = {
     "locality": "fewest nodes, PS in proportion to workers (default)",
     "spread": "each task on the node with the most room (like Ray's SPREAD)",

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -898,7 +898,3 @@ def _get_each(refs: list[Any]) -> tuple[list[Any], ray.exceptions.RayError | Non
 def _crosses(key: str) -> bool:
     src, _, dst = key.partition("->")
     return src != dst
-
-
-def with_config(config: JobConfig, **changes: Any) -> JobConfig:
-    return replace(config, **changes)
