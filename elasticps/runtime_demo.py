@@ -1,4 +1,9 @@
-"""``elasticps demo runtime``: one digits job rescaled live, 1x1 -> 2x3 -> 1x2."""
+"""``elasticps demo``: one digits job rescaled live, 1x1 -> 2x3 -> 1x2.
+
+New tasks start in the background while the job trains (several seconds on a
+small machine), so the schedule is in epochs trained at each shape after the
+switch, and the job is stopped once the last shape has trained its epochs.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,23 @@ from elasticps.examples import digits
 from elasticps.raycluster import ensure_ray
 from elasticps.runtime import EpochReport, JobConfig, JobController, TaskResources, WindowReport
 
-#: (epochs to train at the current shape first, num_ps, num_workers)
-SCHEDULE = ((3, 2, 3), (6, 1, 2))
+#: (num_ps, num_workers, epochs to train at that shape once switched)
+FIRST_EPOCHS = 3
+SCHEDULE = ((2, 3, 6), (1, 2, 6))
+
+
+def _wait_epochs(job: JobController, epochs: int) -> None:
+    until = job.report().epoch + epochs
+    while job.report().epoch < until and job.state == "running":
+        time.sleep(0.1)
 
 
 def run(epochs: int = 30, num_cpus: int = 8) -> dict:
+    """``epochs`` is a floor: the job trains at least that long, and longer when
+    starting the new tasks takes a while."""
     ensure_ray(num_cpus=num_cpus)
-    program = digits.program(epochs=epochs)
-    print(f"job {program.name}: {epochs} epochs of scikit-learn digits, global batch {program.batch_size}, sync mode")
+    program = digits.program(epochs=10_000)
+    print(f"job {program.name}: scikit-learn digits, global batch {program.batch_size}, sync mode")
 
     def on_window(w: WindowReport) -> None:
         t = w.mean_step_times
@@ -38,10 +52,8 @@ def run(epochs: int = 30, num_cpus: int = 8) -> dict:
         job.start()
         print(f"started 1 PS x 1 worker in {time.monotonic() - t0:.1f} s: {job.placement()}")
         thread = job.run_in_thread()
-        for wait_epochs, num_ps, num_workers in SCHEDULE:
-            until = job.report().epoch + wait_epochs
-            while job.report().epoch < until and thread.is_alive():
-                time.sleep(0.1)
+        _wait_epochs(job, FIRST_EPOCHS)
+        for num_ps, num_workers, train_epochs in SCHEDULE:
             request = job.rescale(num_ps, num_workers)
             print(f">> rescale to {num_ps} PS x {num_workers} workers requested at step {job.step}")
             rec = job.wait_rescale(request, timeout_s=300)
@@ -49,14 +61,17 @@ def run(epochs: int = 30, num_cpus: int = 8) -> dict:
                 f">> now {rec.to_shape[0]} PS x {rec.to_shape[1]} workers from step {rec.at_step}: "
                 f"paused {rec.pause_s * 1e3:.0f} ms (new tasks started in the background in {rec.launch_s:.1f} s)"
             )
+            _wait_epochs(job, train_epochs)
+        _wait_epochs(job, max(0, epochs - job.report().epoch))
+        job.stop()
         thread.join()
         report = job.report()
         job.shutdown()
-    if report.state != "finished":
+    if report.state != "stopped":
         raise SystemExit(f"demo job ended {report.state}: {report.error}")
     final = report.epoch_reports[-1]
     print(
-        f"finished {report.step} steps in {time.monotonic() - t0:.1f} s; final test accuracy {final.metric:.4f}; "
+        f"trained {report.step} steps in {time.monotonic() - t0:.1f} s; final test accuracy {final.metric:.4f}; "
         f"rescale pauses {[round(r.pause_s * 1e3) for r in report.rescales if r.ok]} ms"
     )
     return report.to_dict()

@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the demo (a digits job rescaled live)")
-    demo.add_argument("--epochs", type=int, default=30)
+    demo.add_argument("--epochs", type=int, default=30, help="train at least this many epochs")
     demo.add_argument("--json", help="write the final job report here")
     demo.set_defaults(func=cmd_demo)
 
