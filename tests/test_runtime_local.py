@@ -185,3 +185,14 @@ def test_digits_accuracy_is_the_same_static_or_rescaled(ray_local):
     assert rescaled >= 0.95 and static >= 0.95
     assert abs(rescaled - static) <= 0.005
     job.shutdown()
+
+
+def test_the_demo_rescales_live_and_reaches_the_accuracy(ray_local, capsys):
+    from elasticps import runtime_demo
+
+    report = runtime_demo.run(epochs=12)
+    assert [tuple(r["to_shape"]) for r in report["rescales"]] == [(2, 3), (1, 2)]
+    assert report["state"] == "stopped" and report["epoch"] >= 12
+    assert report["epoch_reports"][-1]["metric"] >= 0.95
+    out = capsys.readouterr().out
+    assert ">> now 2 PS x 3 workers" in out and ">> now 1 PS x 2 workers" in out
