@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 from elasticps.examples import digits
@@ -36,3 +39,11 @@ def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> Non
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def spawn_elasticps(args: list[str], log_path) -> subprocess.Popen:
+    """``python -m elasticps ARGS`` in its own session (so a test can SIGKILL the
+    process group: the driver and its embedded Ray cluster), output to ``log_path``."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "elasticps", *args]
+    return subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -14,6 +12,7 @@ import pytest
 
 from elasticps.manager import Store
 from elasticps.runtime import CheckpointStore
+from tests.helpers import spawn_elasticps
 
 pytestmark = pytest.mark.slow
 
@@ -26,22 +25,8 @@ checkpoint_every_steps: 50
 
 
 def _server(workdir, port, log):
-    cmd = [
-        sys.executable,
-        "-m",
-        "elasticps",
-        "server",
-        "--workdir",
-        str(workdir),
-        "--port",
-        str(port),
-        "--num-cpus",
-        "8",
-        "--interval-s",
-        "2",
-    ]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    args = ["server", "--workdir", str(workdir), "--port", str(port), "--num-cpus", "8", "--interval-s", "2"]
+    return spawn_elasticps(args, log)
 
 
 def _wait_up(url, proc, log, timeout_s=90):

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from elasticps.examples import digits
 from elasticps.runtime import CheckpointStore, relative_error, train_single_process
+from tests.helpers import spawn_elasticps
 
 pytestmark = pytest.mark.slow
 
 
 def _train(ckpt_dir, log_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "elasticps",
+    args = [
         "train",
         "elasticps.examples.digits:program",
         "--ps",
@@ -34,8 +30,7 @@ def _train(ckpt_dir, log_path):
         "--num-cpus",
         "8",
     ]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    return subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return spawn_elasticps(args, log_path)
 
 
 def test_sigkilled_job_resumes_from_checkpoint(tmp_path):
