@@ -91,3 +91,14 @@ def test_cli_compare_writes_json_and_plots(tmp_path, capsys):
     assert set(data) == {"static", "elastic"} and data["elastic"]["jobs"] == 30
     for name in ("jct_cdf.png", "utilization.png", "allocations_elastic.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 5000
+
+
+def test_elastic_has_the_best_average_jct_on_the_documented_workload():
+    # docs/simulator.md: 300 synthetic jobs on 32 nodes, seed 0 (the table's first block)
+    work = synthetic_workload(300, seed=0)
+    jct = {
+        p: simulate(work, SimConfig(nodes=32, policy=p, seed=0)).metrics["avg_jct_s"]
+        for p in ("static", "greedy", "optimus", "elastic")
+    }
+    assert min(jct, key=jct.get) == "elastic", jct
+    assert jct["elastic"] < 0.7 * jct["static"]

@@ -94,6 +94,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             policy=policy,
             objective=args.objective,
             placement=args.placement,
+            fleet_prior=not args.no_fleet_prior,
             seed=args.seed,
         )
 
@@ -277,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"])
     sim.add_argument("--placement", default="locality", choices=["locality", "spread", "pack", "optimus"])
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument(
+        "--no-fleet-prior",
+        action="store_true",
+        help="judge a new job by its own observations only, not by earlier jobs of the same kind",
+    )
     sim.add_argument("--compare", help="comma-separated policies to run on the same workload, e.g. static,elastic")
     sim.add_argument("--plot", help="write PNG plots into this directory")
     sim.add_argument("--json", help="write the results here")

@@ -8,7 +8,10 @@ placed with cross-node fraction c of its PS traffic runs at
 (the Optimus form, the PS-traffic term cheaper by ``local_traffic_factor`` for
 same-node pairs). Each interval a running job reports that speed times
 (1 + noise), and the policy's :class:`~elasticps.sched.SpeedModel` of the job is
-refitted from those reports, as the live manager does. Events: arrivals,
+refitted from those reports, as the live manager does. With ``fleet_prior``, a
+job whose own model is not yet confident is judged by a model fitted on the
+reports of every job of the same kind (the same model trained before), once
+that pooled model is confident; the ground truth is never used. Events: arrivals,
 completions, scheduling ticks, other tenants' load changing.
 """
 
@@ -27,8 +30,6 @@ from elasticps.sched.policies import make_policy
 from elasticps.sched.synthetic import ModelKind
 from elasticps.sim.workload import KINDS, WorkloadJob
 
-EXPLORE_ONE_STEP = True
-
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -44,6 +45,7 @@ class SimConfig:
     local_traffic_factor: float = 0.25
     tenant_change_s: float = 3600.0
     tenant_max_share: float = 0.5
+    fleet_prior: bool = True
     seed: int = 0
 
 
@@ -124,19 +126,29 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             return 0.0
         return true_speed(job, *job.shape, job.placement, config.local_traffic_factor)
 
+    kind_models: dict[str, SpeedModel] = {}
+
+    def speed_of(job: _Job):
+        """The job's own model once it is confident; before that, a model fitted on
+        every observation of jobs of the same kind (a fleet prior), if that is."""
+        if job.model.confident or not config.fleet_prior:
+            return job.model.predict
+        pooled = kind_models.get(job.kind.name)
+        return pooled.predict if pooled is not None and pooled.confident else job.model.predict
+
     def view(job: _Job) -> JobView:
         s = job.spec
         max_ps, max_w = s.max_ps, s.max_workers
         explore = None
         if not job.observations:  # nothing known yet: start at the minimum
             max_ps, max_w = s.min_ps, s.min_workers
-        elif EXPLORE_ONE_STEP and not job.model.confident and job.shape is not None:
+        elif not job.model.confident and job.shape is not None:
             explore = job.model.explore(job.shape, s.max_ps, s.max_workers)
             if explore is not None:  # explore one informative shape at a time
                 max_ps, max_w = max(job.shape[0], explore[0]), max(job.shape[1], explore[1])
         return JobView(
             id=s.id,
-            speed=job.model.predict,
+            speed=speed_of(job),
             min_ps=s.min_ps,
             max_ps=max_ps,
             min_workers=s.min_workers,
@@ -227,6 +239,12 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                     observed = r * max(0.05, 1.0 + rng.gauss(0.0, config.noise))
                     job.observations.append(Observation(*job.shape, observed))
                     job.model.fit(job.observations[-50:])
+            if config.fleet_prior:
+                by_kind: dict[str, list[Observation]] = {}
+                for j in jobs.values():
+                    by_kind.setdefault(j.kind.name, []).extend(j.observations[-20:])
+                for name, obs in by_kind.items():
+                    kind_models[name] = SpeedModel(KINDS[name].batch).fit(obs[-400:])
             schedule()
             util_series.append((t, used / avail if avail > 0 else 0.0))
             next_tick = t + config.interval_s
