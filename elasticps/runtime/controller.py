@@ -743,10 +743,7 @@ class JobController:
         t0 = time.perf_counter()
         before = (len(self.ps), len(self.workers))
         state = self._gather_state() if (pending.new_ps or pending.shape.num_ps != len(self.ps)) else None
-        by_kind = {"ps": iter(started[: len(pending.new_ps)]), "worker": iter(started[len(pending.new_ps) :])}
-        started_ps = dict(zip(pending.new_ps, by_kind["ps"], strict=True))
-        started_workers = dict(zip(pending.new_workers, by_kind["worker"], strict=True))
-        self._install_tasks(pending.shape, started_ps, started_workers, state)
+        self._install(pending, started, state)
         pause = time.perf_counter() - t0
         record = RescaleRecord(
             request_id=pending.request_id,
@@ -766,7 +763,8 @@ class JobController:
             f" (pause {pause * 1000:.0f} ms)"
         )
 
-    def _install(self, pending: _PendingChange, started: list[tasks.Task], state: ShardState) -> None:
+    def _install(self, pending: _PendingChange, started: list[tasks.Task], state: ShardState | None) -> None:
+        """Make ``pending.shape`` current with ``started`` (its new PS, then its new workers)."""
         n_ps = len(pending.new_ps)
         self._install_tasks(
             pending.shape,
