@@ -14,7 +14,7 @@ returns the *mean* over the samples it is given.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,13 +131,15 @@ def _materialize(obj: Any, what: str) -> Any:
     return data
 
 
-def load_program(ref: str | TrainingProgram) -> TrainingProgram:
+def load_program(ref: str | TrainingProgram, args: Mapping[str, Any] | None = None) -> TrainingProgram:
     """Resolve ``"package.module:attr"`` to a program.
 
-    ``attr`` may be a :class:`TrainingProgram` or a zero-argument callable
-    returning one.
+    ``attr`` may be a :class:`TrainingProgram` or a callable returning one,
+    called with the keyword arguments ``args`` (none by default).
     """
     if isinstance(ref, TrainingProgram):
+        if args:
+            raise ProgramError("arguments were given for a program that is not a factory")
         return ref
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
@@ -151,7 +153,12 @@ def load_program(ref: str | TrainingProgram) -> TrainingProgram:
     except AttributeError as exc:
         raise ProgramError(f"module {module_name!r} has no attribute {attr!r}") from exc
     if callable(obj) and not isinstance(obj, TrainingProgram):
-        obj = obj()
+        try:
+            obj = obj(**(args or {}))
+        except TypeError as exc:
+            raise ProgramError(f"cannot call {ref!r} with arguments {dict(args or {})}: {exc}") from exc
+    elif args:
+        raise ProgramError(f"{ref!r} is not a factory, so it takes no arguments (got {dict(args)})")
     if not isinstance(obj, TrainingProgram):
         raise ProgramError(f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram")
     return obj

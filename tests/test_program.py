@@ -73,3 +73,12 @@ def test_load_program_from_a_module_path():
 def test_load_program_errors(ref, message):
     with pytest.raises(ProgramError, match=message):
         load_program(ref)
+
+
+def test_load_program_passes_arguments_to_a_factory():
+    p = load_program("elasticps.examples.digits:cnn_program", {"epochs": 7, "seed": 3})
+    assert (p.name, p.epochs, p.seed) == ("digits-cnn", 7, 3)
+    with pytest.raises(ProgramError, match="cannot call .* with arguments"):
+        load_program("elasticps.examples.digits:cnn_program", {"epoch": 7})
+    with pytest.raises(ProgramError, match="is not a factory"):
+        load_program("elasticps.examples.digits:_SPLIT_SEED", {"epochs": 7})

@@ -189,9 +189,9 @@ def test_digits_accuracy_is_the_same_static_or_rescaled(ray_local):
 
 
 def test_the_demo_rescales_live_and_reaches_the_accuracy(ray_local, capsys):
-    from elasticps import runtime_demo
+    from elasticps.demo import single_job
 
-    report = runtime_demo.run(epochs=12)
+    report = single_job.run(epochs=12)
     assert [tuple(r["to_shape"]) for r in report["rescales"]] == [(2, 3), (1, 2)]
     assert report["state"] == "stopped" and report["epoch"] >= 12
     # the demo's length depends on how fast tasks start, so its last epoch varies: it reaches 0.95

@@ -19,11 +19,35 @@ def _write_json(path: str | None, data: Any) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from elasticps import runtime_demo
+    if args.single_job:
+        from elasticps.demo import single_job
 
-    report = runtime_demo.run(epochs=args.epochs)
+        report = single_job.run(epochs=args.epochs or 30)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        return 0
+
+    from dataclasses import asdict, replace
+
+    from elasticps.demo import experiment, report
+
+    setup = experiment.Setup()
+    if args.epochs:
+        setup = replace(setup, epochs=tuple(args.epochs * k // 3 for k in (3, 4, 5)))
+    if args.tenant_s is not None:
+        setup = replace(setup, tenant_s=args.tenant_s)
+    policies = tuple(args.policies.split(","))
+    results = experiment.run(setup, policies)
+    text = experiment.table(results)
+    print()
+    print(text)
+    html_path = report.write_html(results, Path(args.html), text, asdict(setup))
+    print(f"report: {html_path}")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        figures = {"setup": asdict(setup), "results": {p: r.to_dict() for p, r in results.items()}}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        print(f"figures: {args.json}")
     return 0
 
 
@@ -209,9 +233,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run the demo (a digits job rescaled live)")
-    demo.add_argument("--epochs", type=int, default=30, help="train at least this many epochs")
-    demo.add_argument("--json", help="write the final job report here")
+    demo = sub.add_parser(
+        "demo", help="the published experiment: three jobs, another tenant leaves; static vs elastic (~5 min)"
+    )
+    demo.add_argument("--policies", default="static,elastic", help="comma-separated policies to compare")
+    demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
+    demo.add_argument("--tenant-s", type=float, help="seconds the other tenant holds its CPUs (default 45)")
+    demo.add_argument("--html", default="out/demo/report.html", help="where to write the HTML report")
+    demo.add_argument("--json", help="write the figures (and timelines) here")
+    demo.add_argument(
+        "--single-job", action="store_true", help="instead: one digits job rescaled by hand, 1x1 -> 2x3 -> 1x2"
+    )
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")

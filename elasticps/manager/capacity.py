@@ -39,3 +39,28 @@ def ray_cluster_view(ours: dict[str, Resources]) -> ClusterView:
             )
         )
     return ClusterView(tuple(sorted(nodes, key=lambda v: v.name)))
+
+
+#: Changes in other tenants' CPU use smaller than this do not count as events.
+OTHERS_CPU_EPSILON = 0.25
+
+
+def capacity_signature(view: ClusterView) -> dict[str, tuple[float, float]]:
+    """Per node: (CPU capacity, CPU used by others): what a round depends on."""
+    return {n.name: (n.capacity.cpu, n.used_by_others.cpu) for n in view.nodes}
+
+
+def capacity_change(before: dict[str, tuple[float, float]] | None, after: dict[str, tuple[float, float]]) -> str:
+    """A sentence naming what changed between two signatures ("" if nothing did)."""
+    if before is None:
+        return ""
+    parts = [f"node {n[:12]} joined ({after[n][0]:g} CPU)" for n in sorted(after.keys() - before.keys())]
+    parts += [f"node {n[:12]} left" for n in sorted(before.keys() - after.keys())]
+    for n in sorted(before.keys() & after.keys()):
+        (cap0, oth0), (cap1, oth1) = before[n], after[n]
+        if cap0 != cap1:
+            parts.append(f"node {n[:12]} now has {cap1:g} CPU (was {cap0:g})")
+        elif abs(oth1 - oth0) >= OTHERS_CPU_EPSILON:
+            verb = "freed" if oth1 < oth0 else "took"
+            parts.append(f"other tenants {verb} {abs(oth1 - oth0):g} CPU on node {n[:12]}")
+    return "; ".join(parts)

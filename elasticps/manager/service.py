@@ -21,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elasticps.manager.capacity import ray_cluster_view
-from elasticps.manager.spec import JobSpec
+from elasticps.manager.capacity import capacity_change, capacity_signature, ray_cluster_view
+from elasticps.manager.spec import JobSpec, TaskSpec
 from elasticps.manager.store import JobRecord, Store
 from elasticps.placement import place
 from elasticps.program import load_program
-from elasticps.runtime import JobConfig, JobController, TaskResources
+from elasticps.runtime import JobConfig, JobController, JobReport, TaskResources
 from elasticps.sched import JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
 from elasticps.sched.types import total_of
 
@@ -62,10 +62,12 @@ class Manager:
         self.state = PolicyState()
         self.live: dict[str, _Live] = {}
         self.wake = threading.Event()  # an event worth a round now (submission, finish, limits)
+        self.ended: dict[str, JobReport] = {}  # last report of each job that ended while this manager ran
+        self.samples_per_epoch: dict[str, int] = {}
 
     # -- API
     def submit(self, spec: JobSpec) -> JobRecord:
-        load_program(spec.program)  # fail now, with a clear error, if it cannot be imported
+        load_program(spec.program, spec.args)  # fail now, with a clear error, if it cannot be imported
         rec = self.store.add_job(spec, self.clock())
         self.wake.set()
         return rec
@@ -130,13 +132,30 @@ class Manager:
                 self.store.add_event(now, rec.name, "rescale", f"rescale to {shape[0]} PS x {shape[1]} workers")
         return decision
 
-    def run(self, interval_s: float, stop: threading.Event) -> None:
+    def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0) -> None:
+        """Decide every ``interval_s``, and at once (within ``watch_s``) when a
+        job is submitted or ends, limits change, a node joins or leaves, or
+        another tenant takes or frees room."""
+        last_round = float("-inf")
+        seen: dict[str, tuple[float, float]] | None = None
         while not stop.is_set():
+            due = time.monotonic() - last_round >= interval_s
+            woken = self.wake.is_set() or any(not live.thread.is_alive() for live in self.live.values())
+            self.wake.clear()
             try:
-                self.step()
+                if not (due or woken):
+                    change = capacity_change(seen, now := capacity_signature(ray_cluster_view(self._ours())))
+                    seen = now
+                    if change:
+                        self.store.add_event(self.clock(), None, "capacity", change)
+                        woken = True
+                if due or woken:
+                    last_round = time.monotonic()
+                    self.step()
+                    seen = None  # Ray accounts for tasks just started or stopped a moment later
             except Exception:
                 log.exception("scheduling round failed")
-            stop.wait(interval_s)
+            self.wake.wait(watch_s)
 
     def overview(self) -> dict:
         """What the dashboard shows: nodes (CPU used by jobs, by others, free) and
@@ -161,7 +180,7 @@ class Manager:
         for rec in self.store.list_jobs():
             allocs = self.store.allocations(rec.name)
             live = self.live.get(rec.name)
-            report = live.controller.report() if live else None
+            report = live.controller.report() if live else self.ended.get(rec.name)
             last = allocs[-1] if allocs else (0, 0, 0, {})
             jobs.append(
                 {
@@ -173,6 +192,8 @@ class Manager:
                     "throughput": [[w.last_step, w.samples_per_s] for w in report.windows] if report else [],
                     "loss": [[w.last_step, w.loss] for w in report.windows] if report else [],
                     "metric": report.epoch_reports[-1].metric if report and report.epoch_reports else None,
+                    "epoch": report.epoch if report else 0,
+                    "samples_per_s": report.windows[-1].samples_per_s if report and report.windows else None,
                 }
             )
         return {"nodes": nodes, "jobs": jobs}
@@ -185,12 +206,10 @@ class Manager:
             checkpoint_dir=str(self.workdir / rec.name / "checkpoints"),
             checkpoint_every_steps=spec.checkpoint_every_steps,
             report_interval_s=self.report_interval_s,
-            ps_resources=TaskResources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_bytes=int(spec.ps.memory_gb * 1024**3)),
-            worker_resources=TaskResources(
-                cpu=spec.workers.cpu, gpu=spec.workers.gpu, memory_bytes=int(spec.workers.memory_gb * 1024**3)
-            ),
+            ps_resources=_task_resources(spec.ps),
+            worker_resources=_task_resources(spec.workers),
         )
-        controller = JobController(spec.program, config, *shape, placement=placement)
+        controller = JobController(load_program(spec.program, spec.args), config, *shape, placement=placement)
         thread = controller.run_in_thread()
         self.live[rec.name] = _Live(controller, thread, shape, placement)
         restarted = rec.state == "running"  # running in the store, not here: the manager was restarted
@@ -206,7 +225,11 @@ class Manager:
             for w in report.windows[live.seen_windows :]:
                 self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
             live.seen_windows = len(report.windows)
+            per_epoch = live.controller.samples_per_epoch()
+            if per_epoch is not None:
+                self.samples_per_epoch[name] = per_epoch
             if report.state in ("finished", "failed") and not live.thread.is_alive():
+                self.ended[name] = report
                 self.store.set_state(name, report.state, now)
                 self.store.add_event(
                     now, name, report.state, f"job {report.state}" + (f": {report.error}" if report.error else "")
@@ -217,16 +240,18 @@ class Manager:
 
     def _view(self, rec: JobRecord) -> JobView:
         spec = rec.spec
-        program = load_program(spec.program)
+        program = load_program(spec.program, spec.args)
         live = self.live.get(rec.name)
         model = SpeedModel(program.batch_size, spec.mode).fit(
             [Observation(p, w, s) for p, w, s in self.store.observations(rec.name)]
         )
         current = None
-        remaining = float(program.epochs)
+        remaining = float(program.epochs * self.samples_per_epoch.get(rec.name, program.batch_size * 100))
         if live is not None:
             current = live.shape  # asked for; the controller switches at its next step boundary
-            remaining = max(1.0, program.epochs - live.controller.position.epoch)
+            left = live.controller.remaining_samples()
+            if left is not None:
+                remaining = float(max(1, left))
         min_ps, min_w = spec.ps.min, spec.workers.min
         max_ps, max_w = spec.ps.max, spec.workers.max
         explore = None
@@ -245,7 +270,7 @@ class Manager:
             max_workers=max_w,
             ps_resources=Resources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_gb=spec.ps.memory_gb),
             worker_resources=Resources(cpu=spec.workers.cpu, gpu=spec.workers.gpu, memory_gb=spec.workers.memory_gb),
-            remaining_samples=remaining * 1e4,
+            remaining_samples=remaining,
             current=current,
             objective=spec.objective,
             arrival=rec.submitted_at,
@@ -257,8 +282,15 @@ class Manager:
         per_node: dict[str, list[Resources]] = {}
         for name, live in self.live.items():
             spec = self.store.get_job(name).spec
-            tasks = list(live.controller.placement().items()) + list(live.controller.starting().items())
-            for task, node in tasks:
+            # What the manager asked for, and what the job still holds while it switches.
+            held = live.controller.placement().items() | live.controller.starting().items()
+            for task, node in held | live.placement.items():
                 kind = spec.ps if task.startswith("ps-") else spec.workers
                 per_node.setdefault(node, []).append(Resources(cpu=kind.cpu, gpu=kind.gpu, memory_gb=kind.memory_gb))
         return {n: total_of(rs) for n, rs in per_node.items()}
+
+
+def _task_resources(task: TaskSpec) -> TaskResources:
+    return TaskResources(
+        cpu=task.cpu, gpu=task.gpu, memory_bytes=int(task.memory_gb * 1024**3), cpu_limit=task.cpu_limit
+    )

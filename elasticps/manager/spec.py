@@ -3,6 +3,7 @@
 ```yaml
 name: digits-1
 program: elasticps.examples.digits:program   # a TrainingProgram or a factory of one
+args: {epochs: 30}                           # optional: keyword arguments of the factory
 mode: sync                                   # or async
 ps:      {min: 1, max: 4, cpu: 0.5, memory_gb: 1}
 workers: {min: 1, max: 8, cpu: 1, memory_gb: 2}
@@ -36,6 +37,7 @@ class TaskSpec(BaseModel):
     cpu: float = Field(1.0, gt=0)
     memory_gb: float = Field(0.0, ge=0)
     gpu: float = Field(0.0, ge=0)
+    cpu_limit: float | None = Field(None, gt=0, description="cores the task may use (a container's CPU limit)")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> TaskSpec:
@@ -49,6 +51,7 @@ class JobSpec(BaseModel):
 
     name: str
     program: str
+    args: dict[str, int | float | str | bool] = Field(default_factory=dict)  # keyword arguments of a factory
     mode: Literal["sync", "async"] = "sync"
     ps: TaskSpec = Field(default_factory=lambda: TaskSpec(min=1, max=4, cpu=0.5))
     workers: TaskSpec = Field(default_factory=lambda: TaskSpec(min=1, max=8, cpu=1.0))

@@ -10,11 +10,20 @@ from elasticps.errors import ConfigError
 
 @dataclass(frozen=True)
 class TaskResources:
-    """What one PS or worker task asks of Ray."""
+    """What one PS or worker task asks of Ray.
+
+    ``cpu_limit`` (cores, optional) caps the CPU time the task's process uses,
+    as a container's CPU limit would; see :mod:`elasticps.runtime.cpu_limit`.
+    """
 
     cpu: float = 1.0
     gpu: float = 0.0
     memory_bytes: int = 0
+    cpu_limit: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpu_limit is not None and self.cpu_limit <= 0:
+            raise ConfigError(f"cpu_limit must be > 0 cores, got {self.cpu_limit}")
 
     def ray_options(self) -> dict[str, float | int]:
         opts: dict[str, float | int] = {"num_cpus": self.cpu, "num_gpus": self.gpu}

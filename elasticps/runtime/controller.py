@@ -219,6 +219,17 @@ class JobController:
         out.update({task_name("worker", i): t.node_id for i, t in enumerate(self.workers)})
         return out
 
+    def samples_per_epoch(self) -> int | None:
+        """Training samples in one epoch (None until :meth:`start` has read the dataset)."""
+        return None if self._batches is None else self._batches.num_samples
+
+    def remaining_samples(self) -> int | None:
+        """Samples left to train (None until :meth:`start` has read the dataset)."""
+        if self._batches is None:
+            return None
+        n = self._batches.num_samples
+        return max(0, (self.program.epochs - self.position.epoch) * n - self.position.cursor)
+
     def starting(self) -> dict[str, str]:
         """Tasks of a pending rescale that have been started on a pinned node but
         are not in use yet: ``{task name: node id}`` (they already hold resources)."""

@@ -11,6 +11,7 @@ import ray
 import torch
 
 from elasticps.program import TrainingProgram
+from elasticps.runtime.cpu_limit import CpuLimit
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.shm import Attachments, OwnedVector, ShmRef, available
 
@@ -24,9 +25,12 @@ class PSShard:
     in ``async`` mode, one worker's slice (scaled by 1/its batch), applied at once.
     """
 
-    def __init__(self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True) -> None:
+    def __init__(
+        self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True, cpu_limit: float | None = None
+    ) -> None:
         torch.set_num_threads(max(1, threads))
         self.program = program
+        self.cpu_limit = CpuLimit(cpu_limit)
         self.shared_memory = shared_memory and available()
         self._param_shm: OwnedVector | None = None
         self._old_shm: list[OwnedVector] = []
@@ -101,14 +105,15 @@ class PSShard:
         arrays = [self._attached.resolve(g) for g in ray.get(grads)]
         received_at = time.time()
         t1 = time.perf_counter()
-        total = arrays[0] if len(arrays) == 1 else np.add(arrays[0], arrays[1])
-        for g in arrays[2:]:
-            total += g
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # non-writable array: the grad is only read
-            self.param.grad = torch.from_numpy(total)
-        self.opt.step()
-        self.param.grad = None
+        with self.cpu_limit.held():
+            total = arrays[0] if len(arrays) == 1 else np.add(arrays[0], arrays[1])
+            for g in arrays[2:]:
+                total += g
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # non-writable array: the grad is only read
+                self.param.grad = torch.from_numpy(total)
+            self.opt.step()
+            self.param.grad = None
         self.version = step + 1  # the step whose parameters these are
         info = {"received_at": received_at, "update_s": time.perf_counter() - t1}
         if measure:

@@ -76,7 +76,7 @@ def launch(
     options: dict[str, Any] = {"max_restarts": 0, **resources.ray_options()}
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    handle = _actor_class(kind).options(**options).remote(program, threads, shared_memory)
+    handle = _actor_class(kind).options(**options).remote(program, threads, shared_memory, resources.cpu_limit)
     return PendingTask(kind, handle, handle.ready.remote(), node_id, resources)
 
 

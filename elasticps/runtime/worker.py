@@ -11,6 +11,7 @@ import ray
 import torch
 
 from elasticps.program import TrainingProgram
+from elasticps.runtime.cpu_limit import CpuLimit
 from elasticps.runtime.data import fetch_batch
 from elasticps.runtime.flat import FlatModel
 from elasticps.runtime.shm import Attachments, OwnedVector, available
@@ -25,9 +26,12 @@ class Worker:
     nothing.
     """
 
-    def __init__(self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True) -> None:
+    def __init__(
+        self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True, cpu_limit: float | None = None
+    ) -> None:
         torch.set_num_threads(max(1, threads))
         self.program = program
+        self.cpu_limit = CpuLimit(cpu_limit)
         model = program.build_model()
         numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self._grad_shm = OwnedVector("grad", numel) if shared_memory and available() else None
@@ -71,24 +75,8 @@ class Worker:
         self.flat.bind(parts, bounds)
         t1 = time.perf_counter()
 
-        torch.manual_seed(seed)
-        x, y = fetch_batch(self.dataset, indices)
-        b = len(indices)
-        half = b // 2 if measure else 0
-        grads = self.flat.grads
-        grads.zero_()
-        model = self.flat.model
-        model.train()
-        loss_sum = 0.0
-        sq_half = float("nan")
-        for lo, hi in ((0, half), (half, b)) if half > 0 else ((0, b),):
-            out = model(x[lo:hi])
-            loss = self.program.loss(out, y[lo:hi])
-            (loss * ((hi - lo) / denominator)).backward()
-            loss_sum += float(loss.detach()) * (hi - lo)
-            if hi == half:
-                sq_half = float(torch.dot(grads, grads)) * (denominator / half) ** 2
-        sq_local = float(torch.dot(grads, grads)) * (denominator / b) ** 2 if measure else float("nan")
+        with self.cpu_limit.held():
+            loss_sum, sq_half, sq_local, b, half = self._gradient(indices, denominator, seed, measure)
         t2 = time.perf_counter()
         g = self.flat.grads_numpy()
         local = same_node if (same_node is not None and self._grad_shm is not None) else [False] * len(bounds)
@@ -110,3 +98,28 @@ class Worker:
             "sent_at": time.time(),
         }
         return (stats, *slices)
+
+    def _gradient(
+        self, indices: np.ndarray, denominator: int, seed: int, measure: bool
+    ) -> tuple[float, float, float, int, int]:
+        """Accumulate the gradient into the flat buffer; returns the loss sum,
+        the half- and local-batch squared norms, the batch and its half."""
+        torch.manual_seed(seed)
+        x, y = fetch_batch(self.dataset, indices)
+        b = len(indices)
+        half = b // 2 if measure else 0
+        grads = self.flat.grads
+        grads.zero_()
+        model = self.flat.model
+        model.train()
+        loss_sum = 0.0
+        sq_half = float("nan")
+        for lo, hi in ((0, half), (half, b)) if half > 0 else ((0, b),):
+            out = model(x[lo:hi])
+            loss = self.program.loss(out, y[lo:hi])
+            (loss * ((hi - lo) / denominator)).backward()
+            loss_sum += float(loss.detach()) * (hi - lo)
+            if hi == half:
+                sq_half = float(torch.dot(grads, grads)) * (denominator / half) ** 2
+        sq_local = float(torch.dot(grads, grads)) * (denominator / b) ** 2 if measure else float("nan")
+        return loss_sum, sq_half, sq_local, b, half

@@ -1,0 +1,1 @@
+"""Demos: the published experiment (:mod:`.experiment`) and one job rescaled by hand (:mod:`.single_job`)."""

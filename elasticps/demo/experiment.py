@@ -1,0 +1,287 @@
+"""``elasticps demo``: the published experiment, on a real multi-node Ray cluster.
+
+A Ray cluster of ``nodes`` raylets runs on this machine
+(``ray.cluster_utils.Cluster``). Another tenant (a separate Ray driver) holds
+``tenant_per_node`` CPUs on every node. Three jobs (a CNN on scikit-learn's
+digits, different lengths) are submitted to the configuration manager; after
+``tenant_s`` seconds the tenant ends. With the ``elastic`` policy the manager
+hands the freed CPUs to the jobs; with ``static`` each job keeps the shape it
+started with. The same scenario runs under both, and the figures per job are
+compared.
+
+Every task is held to ``cores_per_cpu`` cores per CPU it asks for (see
+:mod:`elasticps.runtime.cpu_limit`): the whole modelled cluster then fits in
+the machine's physical cores, so a task's speed depends on what the manager
+allocated rather than on what else happens to run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elasticps.errors import JobFailedError
+from elasticps.manager.service import Manager
+from elasticps.manager.spec import JobSpec
+from elasticps.manager.store import Store
+
+PROGRAM = "elasticps.examples.digits:cnn_program"
+
+
+@dataclass(frozen=True)
+class Setup:
+    nodes: int = 3
+    cpus_per_node: int = 4
+    cores_per_cpu: float = 0.125
+    tenant_per_node: int = 2
+    tenant_s: float = 45.0
+    epochs: tuple[int, ...] = (30, 40, 50)
+    interval_s: float = 10.0
+    max_ps: int = 2
+    max_workers: int = 4
+    timeout_s: float = 600.0
+    sample_s: float = 1.0
+
+    def job_specs(self) -> list[JobSpec]:
+        task = {"cpu": 1.0, "cpu_limit": self.cores_per_cpu}
+        return [
+            JobSpec.model_validate(
+                {
+                    "name": f"cnn-{i + 1}",
+                    "program": PROGRAM,
+                    "args": {"epochs": epochs, "seed": i},
+                    "ps": {"min": 1, "max": self.max_ps, **task},
+                    "workers": {"min": 1, "max": self.max_workers, **task},
+                    "checkpoint_every_steps": 200,
+                }
+            )
+            for i, epochs in enumerate(self.epochs)
+        ]
+
+
+@dataclass
+class Sample:
+    """The cluster and the jobs at one moment (``t``: seconds since submission)."""
+
+    t: float
+    tenant_cpu: float
+    free_cpu: float
+    jobs: dict[str, dict[str, Any]]
+
+
+@dataclass
+class ScenarioResult:
+    policy: str
+    jobs: dict[str, dict[str, Any]]
+    timeline: list[Sample] = field(default_factory=list)
+    events: list[tuple[float, str | None, str, str]] = field(default_factory=list)
+    makespan_s: float = 0.0
+    cluster_cpus: float = 0.0
+    mean_job_cpu_share: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ScenarioResult:
+        return cls(**{**d, "timeline": [Sample(**s) for s in d["timeline"]]})
+
+
+def run_scenario(policy: str, setup: Setup, workdir: Path, say: Callable[[str], None] = print) -> ScenarioResult:
+    """Start a cluster and the tenant, run the three jobs under ``policy``, tear down."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        raise RuntimeError("the demo starts its own Ray cluster; shut down the current one first")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    workdir.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    tenant: subprocess.Popen | None = None
+    manager: Manager | None = None
+    try:
+        for _ in range(setup.nodes):
+            cluster.add_node(num_cpus=setup.cpus_per_node)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        tenant = _start_tenant(cluster.address, setup, workdir)
+        say(f"[{policy}] other tenant holds {setup.tenant_per_node * setup.nodes} CPUs for {setup.tenant_s:.0f} s")
+        manager = Manager(Store(workdir / "manager.db"), workdir, policy=policy, report_interval_s=2.0)
+        t0 = time.time()
+        for spec in setup.job_specs():
+            manager.submit(spec)
+        stop = threading.Event()
+        loop = threading.Thread(target=manager.run, args=(setup.interval_s, stop), daemon=True)
+        loop.start()
+        try:
+            timeline = _watch(manager, t0, setup, policy, say)
+        finally:
+            stop.set()
+            loop.join(timeout=60)
+        return _result(policy, manager, t0, timeline, setup)
+    finally:
+        if manager is not None:
+            manager.shutdown()
+        if tenant is not None:
+            tenant.kill()
+            tenant.wait(timeout=30)
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _start_tenant(address: str, setup: Setup, workdir: Path) -> subprocess.Popen:
+    ready = workdir / "tenant.ready"
+    cmd = [sys.executable, "-m", "elasticps.demo.tenant", "--address", address]
+    cmd += ["--per-node", str(setup.tenant_per_node), "--cpu-limit", str(setup.cores_per_cpu)]
+    cmd += ["--seconds", str(setup.tenant_s), "--ready-file", str(ready)]
+    log = (workdir / "tenant.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    deadline = time.monotonic() + 180
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the other tenant did not start; see {workdir / 'tenant.log'}")
+        time.sleep(0.2)
+    return proc
+
+
+def _watch(manager: Manager, t0: float, setup: Setup, policy: str, say: Callable[[str], None]) -> list[Sample]:
+    """Sample the cluster every ``sample_s`` and print events and progress until every job ended."""
+    timeline: list[Sample] = []
+    last_event, last_line = 0, 0.0
+    while True:
+        now = time.time()
+        ov = manager.overview()
+        jobs = {
+            j["name"]: {k: j[k] for k in ("state", "num_ps", "num_workers", "metric", "epoch", "samples_per_s")}
+            for j in ov["jobs"]
+        }
+        timeline.append(
+            Sample(
+                round(now - t0, 2),
+                round(sum(n["others_cpu"] for n in ov["nodes"]), 2),
+                round(sum(n["free_cpu"] for n in ov["nodes"]), 2),
+                jobs,
+            )
+        )
+        for eid, at, job, kind, message in manager.store.events(after_id=last_event):
+            last_event = eid
+            if kind != "observation":
+                say(f"[{policy}] {at - t0:6.1f} s  {job or 'cluster'}: {message}")
+        if now - last_line >= 10:
+            last_line = now
+            say(f"[{policy}] {now - t0:6.1f} s  " + _progress_line(jobs, timeline[-1]))
+        if jobs and all(j["state"] in ("finished", "failed", "cancelled") for j in jobs.values()):
+            failed = [n for n, j in jobs.items() if j["state"] != "finished"]
+            if failed:
+                raise JobFailedError(f"demo jobs did not finish: {failed}; see {manager.workdir}")
+            return timeline
+        if now - t0 > setup.timeout_s:
+            raise TimeoutError(f"the {policy} scenario did not end within {setup.timeout_s:.0f} s")
+        time.sleep(setup.sample_s)
+
+
+def _progress_line(jobs: dict[str, dict[str, Any]], sample: Sample) -> str:
+    parts = []
+    for name, j in jobs.items():
+        acc = f" acc {j['metric']:.3f}" if j["metric"] is not None else ""
+        parts.append(f"{name} {j['state']} {j['num_ps']}x{j['num_workers']} ep {j['epoch']}{acc}")
+    return " | ".join(parts) + f" | tenant {sample.tenant_cpu:g} CPU, free {sample.free_cpu:g}"
+
+
+def _result(policy: str, manager: Manager, t0: float, timeline: list[Sample], setup: Setup) -> ScenarioResult:
+    jobs: dict[str, dict[str, Any]] = {}
+    end = t0
+    for rec in manager.store.list_jobs():
+        report = manager.ended[rec.name]
+        epochs = report.epoch_reports
+        busy = sum(w.mean_step_times.compute_s * w.steps for w in report.windows)
+        wall = sum(w.elapsed_s for w in report.windows)
+        cpu_s = _cpu_seconds(manager.store.allocations(rec.name), rec.updated_at)
+        end = max(end, rec.updated_at)
+        jobs[rec.name] = {
+            "epochs": len(epochs),
+            "mean_epoch_s": round(sum(e.elapsed_s for e in epochs) / len(epochs), 3),
+            "total_s": round(rec.updated_at - rec.submitted_at, 2),
+            "final_accuracy": round(epochs[-1].metric, 4) if epochs[-1].metric is not None else None,
+            "mean_utilization": round(busy / wall, 4) if wall else None,
+            "mean_cpus": round(cpu_s / (rec.updated_at - rec.submitted_at), 3),
+            "shapes": sorted({(p, w) for _, p, w, _ in manager.store.allocations(rec.name)}),
+            "rescales": sum(1 for r in report.rescales if r.ok),
+        }
+    cluster_cpus = float(setup.nodes * setup.cpus_per_node)
+    job_cpu = [
+        sum(j["num_ps"] + j["num_workers"] for j in s.jobs.values() if j["state"] == "running") for s in timeline
+    ]
+    return ScenarioResult(
+        policy=policy,
+        jobs=jobs,
+        timeline=timeline,
+        events=[(round(at - t0, 2), job, kind, msg) for _, at, job, kind, msg in manager.store.events()],
+        makespan_s=round(end - t0, 2),
+        cluster_cpus=cluster_cpus,
+        mean_job_cpu_share=round(sum(job_cpu) / len(job_cpu) / cluster_cpus, 4) if job_cpu else 0.0,
+    )
+
+
+def _cpu_seconds(allocations: list[tuple[float, int, int, dict]], end: float) -> float:
+    """CPU-seconds a job held (1 CPU per task) from its allocation history."""
+    total = 0.0
+    for (at, p, w, _), nxt in zip(allocations, [*allocations[1:], None], strict=True):
+        total += (p + w) * ((nxt[0] if nxt else end) - at)
+    return total
+
+
+def run(
+    setup: Setup | None = None,
+    policies: tuple[str, ...] = ("static", "elastic"),
+    workdir: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, ScenarioResult]:
+    setup = setup or Setup()
+    results: dict[str, ScenarioResult] = {}
+    with tempfile.TemporaryDirectory(prefix="elasticps-demo-") as tmp:
+        base = workdir or Path(tmp)
+        for policy in policies:
+            results[policy] = run_scenario(policy, setup, base / policy, say)
+    return results
+
+
+def table(results: dict[str, ScenarioResult]) -> str:
+    """Per job and policy: epoch time, total time, final accuracy, mean utilization."""
+    header = ["job", "policy", "shapes (PSxW)", "epoch s", "total s", "accuracy", "mean CPUs", "utilization"]
+    rows = []
+    names = sorted({n for r in results.values() for n in r.jobs})
+    for name in names:
+        for policy, r in results.items():
+            j = r.jobs[name]
+            rows.append(
+                [
+                    name,
+                    policy,
+                    ",".join(f"{p}x{w}" for p, w in j["shapes"]),
+                    f"{j['mean_epoch_s']:.2f}",
+                    f"{j['total_s']:.1f}",
+                    f"{j['final_accuracy']:.4f}",
+                    f"{j['mean_cpus']:.2f}",
+                    f"{j['mean_utilization']:.0%}",
+                ]
+            )
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append("")
+    for policy, r in results.items():
+        lines.append(
+            f"{policy}: makespan {r.makespan_s:.1f} s, jobs held {r.mean_job_cpu_share:.0%} of the cluster's "
+            f"{r.cluster_cpus:g} CPUs on average"
+        )
+    return "\n".join(lines)

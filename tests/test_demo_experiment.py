@@ -1,0 +1,66 @@
+"""The published experiment, shortened: a real 3-node Ray cluster, another
+tenant in its own driver process, three jobs under static and elastic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from elasticps.demo import experiment, report
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    # rounds every 30 s: the jobs can only grow soon after the tenant leaves if that event starts one
+    setup = experiment.Setup(epochs=(6, 8, 10), tenant_s=15.0, interval_s=30.0, timeout_s=400)
+    lines: list[str] = []
+    out = experiment.run(setup, ("static", "elastic"), tmp_path_factory.mktemp("demo"), say=lines.append)
+    return setup, out, lines
+
+
+def test_static_keeps_every_job_at_the_shape_it_started_with(results):
+    _, out, _ = results
+    static = out["static"]
+    assert set(static.jobs) == {"cnn-1", "cnn-2", "cnn-3"}
+    for job in static.jobs.values():
+        assert job["shapes"] == [(1, 1)]
+        assert job["rescales"] == 0
+        assert job["final_accuracy"] >= 0.9
+
+
+def test_elastic_gives_the_tenants_cpus_to_the_jobs_once_it_leaves(results):
+    _, out, _ = results
+    elastic = out["elastic"]
+    freed = [at for at, job, kind, msg in elastic.events if kind == "capacity" and "freed" in msg]
+    assert freed, "the manager did not notice the tenant leaving"
+    grown = [at for at, job, kind, msg in elastic.events if kind == "rescale" and at >= freed[0] - 1.0]
+    assert grown, "no job grew after the tenant left"
+    assert grown[0] - freed[0] < 5.0  # the event started a round; the next periodic one was 30 s away
+    # every job finished, and while the tenant held its CPUs no job had more than its share
+    for name, job in elastic.jobs.items():
+        assert job["final_accuracy"] >= 0.9, name
+    for s in elastic.timeline:
+        used = sum(j["num_ps"] + j["num_workers"] for j in s.jobs.values() if j["state"] == "running")
+        assert used + s.tenant_cpu <= elastic.cluster_cpus + 1e-9
+    assert max(j["mean_cpus"] for j in elastic.jobs.values()) > 2.0
+
+
+def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
+    setup, out, lines = results
+    text = experiment.table(out)
+    for name in ("cnn-1", "cnn-2", "cnn-3"):
+        assert text.count(name) == 2
+    assert "static: makespan" in text and "elastic: makespan" in text
+    assert any("other tenants freed" in line for line in lines)  # progress was printed as it happened
+    page = report.write_html(out, tmp_path / "report.html", text, {"epochs": setup.epochs}).read_text()
+    assert page.count("data:image/png;base64,") == 4
+    back = {p: experiment.ScenarioResult.from_dict(json.loads(json.dumps(r.to_dict()))) for p, r in out.items()}
+    assert back["elastic"].jobs.keys() == out["elastic"].jobs.keys()
+    assert len(back["static"].timeline) == len(out["static"].timeline)
