@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
-.PHONY: setup browser demo test test-fast lint bench clean
+# The local Kubernetes API server's tools (../shared/k8s): the Kubernetes tests run against it.
+K8S_TOOLS ?= $(firstword $(wildcard ../shared/k8s /work/shared/k8s))
+
+.PHONY: setup browser kube-apiserver demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +29,13 @@ browser:
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 		else echo "chromium missing: install Debian's chromium to run the dashboard test" >&2; fi; }
 
-test: setup browser lint
-	$(PY) -m pytest -q -ra --durations=15
+# Builds kube-apiserver once per machine (~6 min, cached); the tests start and stop it.
+kube-apiserver:
+	@if [ -n "$(K8S_TOOLS)" ]; then $(K8S_TOOLS)/build-kube-apiserver >/dev/null; \
+	else echo "no ../shared/k8s here: the Kubernetes tests will be skipped" >&2; fi
+
+test: setup browser kube-apiserver lint
+	ELASTICPS_K8S_TOOLS=$(K8S_TOOLS) ELASTICPS_REQUIRE_K8S=$(if $(K8S_TOOLS),1,) $(PY) -m pytest -q -ra --durations=15
 
 test-fast: setup
 	$(PY) -m pytest -q -m 'not slow'

@@ -170,6 +170,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     workdir = Path(args.workdir)
     manager = Manager(Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement)
+    capacity = None
+    if args.kuberay:
+        from elasticps.k8s.deploy import kuberay_growth
+
+        manager.growth, capacity = kuberay_growth(
+            args.kuberay, args.kuberay_namespace, args.kuberay_group, args.kubeconfig, on_change=manager.wake.set
+        )
     stop = threading.Event()
     loop = threading.Thread(target=manager.run, args=(args.interval_s, stop), name="elasticps-loop", daemon=True)
     loop.start()
@@ -180,6 +187,8 @@ def cmd_server(args: argparse.Namespace) -> int:
         stop.set()
         loop.join(timeout=30)
         manager.shutdown()
+        if capacity is not None:
+            capacity.stop()
     return 0
 
 
@@ -280,6 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic"])
     server.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"])
     server.add_argument("--placement", default="locality", choices=["locality", "spread", "pack", "optimus"])
+    server.add_argument("--kuberay", metavar="NAME", help="grow and shrink this KubeRay RayCluster's worker group")
+    server.add_argument("--kuberay-namespace", help="its namespace (default: the pod's own, else 'default')")
+    server.add_argument("--kuberay-group", help="its worker group (default: the first)")
+    server.add_argument("--kubeconfig", help="Kubernetes credentials (default: in-cluster, else $KUBECONFIG)")
     server.set_defaults(func=cmd_server)
 
     for name, helptext in [

@@ -167,6 +167,11 @@ def create_app(manager: Manager, token: str | None = None) -> FastAPI:
                 lines.append(f'elasticps_job_samples_per_second{{job="{name}"}} {report.windows[-1].samples_per_s:.3f}')
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
+    @app.get("/healthz")
+    def healthz() -> dict:
+        """Liveness and readiness (no token: it says nothing about jobs)."""
+        return {"ok": True}
+
     @app.get("/", response_class=HTMLResponse)
     def dashboard() -> HTMLResponse:
         # the page itself is static; its data comes from /api/overview (token in the URL fragment)

@@ -41,6 +41,11 @@ def ray_cluster_view(ours: dict[str, Resources]) -> ClusterView:
     return ClusterView(tuple(sorted(nodes, key=lambda v: v.name)))
 
 
+def ray_hostnames() -> dict[str, str]:
+    """Ray node id -> host name of every live node (on KubeRay, the pod's name)."""
+    return {n["NodeID"]: n.get("NodeManagerHostname", "") for n in ray.nodes() if n.get("Alive")}
+
+
 #: Changes in other tenants' CPU use smaller than this do not count as events.
 OTHERS_CPU_EPSILON = 0.25
 

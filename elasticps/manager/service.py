@@ -20,17 +20,35 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
-from elasticps.manager.capacity import capacity_change, capacity_signature, ray_cluster_view
+from elasticps.manager.capacity import capacity_change, capacity_signature, ray_cluster_view, ray_hostnames
 from elasticps.manager.spec import JobSpec, TaskSpec
 from elasticps.manager.store import JobRecord, Store
 from elasticps.placement import place
 from elasticps.program import load_program
 from elasticps.runtime import JobConfig, JobController, JobReport, TaskResources
-from elasticps.sched import JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
+from elasticps.sched import ClusterView, JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
+from elasticps.sched.policies.base import Policy
 from elasticps.sched.types import total_of
 
 log = logging.getLogger("elasticps.manager")
+
+
+class ClusterGrowth(Protocol):
+    """Grows or shrinks the Ray cluster itself (e.g. :class:`elasticps.k8s.KubeRayGrowth`)."""
+
+    def reconcile(
+        self,
+        policy: Policy,
+        jobs: list[JobView],
+        ray_cluster: ClusterView,
+        state: PolicyState,
+        ours_by_node: dict[str, Resources],
+        hostnames: dict[str, str],
+        current: dict[str, dict[str, str]] | None = None,
+        placement: str = "locality",
+    ) -> Any: ...
 
 
 @dataclass
@@ -52,6 +70,7 @@ class Manager:
         placement: str = "locality",
         clock: Callable[[], float] = time.time,
         report_interval_s: float = 2.0,
+        growth: ClusterGrowth | None = None,
     ) -> None:
         self.store = store
         self.workdir = Path(workdir)
@@ -60,6 +79,7 @@ class Manager:
         self.clock = clock
         self.report_interval_s = report_interval_s
         self.state = PolicyState()
+        self.growth = growth
         self.live: dict[str, _Live] = {}
         self.wake = threading.Event()  # an event worth a round now (submission, finish, limits)
         self.ended: dict[str, JobReport] = {}  # last report of each job that ended while this manager ran
@@ -130,6 +150,8 @@ class Manager:
                 live.shape, live.placement = shape, placement
                 self.store.record_allocation(rec.name, now, *shape, placement)
                 self.store.add_event(now, rec.name, "rescale", f"rescale to {shape[0]} PS x {shape[1]} workers")
+        if self.growth is not None:
+            self._grow(views, cluster, current, now)
         return decision
 
     def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0) -> None:
@@ -217,6 +239,21 @@ class Manager:
         self.store.record_allocation(rec.name, now, *shape, placement)
         verb = "restarted from its latest checkpoint" if restarted else "started"
         self.store.add_event(now, rec.name, "started", f"{verb} with {shape[0]} PS x {shape[1]} workers")
+
+    def _grow(self, views: list[JobView], cluster: ClusterView, current: dict, now: float) -> None:
+        """Ask for more Ray nodes (or fewer) when the jobs could use them."""
+        assert self.growth is not None
+        try:
+            plan = self.growth.reconcile(
+                self.policy, views, cluster, self.state, self._ours(), ray_hostnames(), current, self.placement_method
+            )
+        except Exception as exc:  # the jobs keep running on the nodes there are
+            log.warning("resizing the Ray cluster failed: %s", exc)
+            self.store.add_event(now, None, "growth", f"could not resize the Ray cluster: {exc}")
+            return
+        if plan is not None:
+            gone = f"; removing {', '.join(plan.workers_to_delete)}" if plan.workers_to_delete else ""
+            self.store.add_event(now, None, "growth", f"Ray worker pods -> {plan.replicas} ({plan.reason}){gone}")
 
     def _collect(self, now: float) -> None:
         """Record new speed observations; retire jobs that ended."""

@@ -1,0 +1,43 @@
+"""Wiring for ``elasticps server --kuberay NAME``: credentials, capacity watch, growth."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from elasticps.k8s.capacity import KubeCapacity
+from elasticps.k8s.kuberay import KubeRay, KubeRayGrowth
+
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def api_client(kubeconfig: str | None = None) -> Any:
+    """In-cluster credentials (the pod's service account), else a kubeconfig file."""
+    from kubernetes import client, config
+
+    if kubeconfig is None:
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException:
+            pass
+    return config.new_client_from_config(config_file=kubeconfig)
+
+
+def kuberay_growth(
+    name: str,
+    namespace: str | None = None,
+    group: str | None = None,
+    kubeconfig: str | None = None,
+    on_change: Callable[[], None] | None = None,
+) -> tuple[KubeRayGrowth, KubeCapacity]:
+    """Start watching the cluster's capacity; return the growth hook and the watcher (stop it at the end)."""
+    if namespace is None:
+        namespace = SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default"
+    client = api_client(kubeconfig)
+    kuberay = KubeRay(client, namespace, name, group)
+    kuberay.worker_group()  # fail now, clearly, if the RayCluster or its group is not there
+    capacity = KubeCapacity(client, ours={"ray.io/cluster": name}, on_change=on_change).start()
+    capacity.wait_synced()
+    return KubeRayGrowth(capacity, kuberay), capacity
