@@ -6,6 +6,7 @@ these tests cover the API's contract: validation, status codes, auth, metrics.
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -121,3 +122,44 @@ def test_limits_can_be_changed_and_are_validated(server):
     assert client.patch("/jobs/lim", json={"gpus": 3}).status_code == 400
     assert client.patch("/jobs/none", json={"ps": {"max": 2}}).status_code == 404
     assert [e["kind"] for e in client.get("/events", params={"job": "lim"}).json()] == ["submitted", "limits"]
+
+
+def test_logs_and_the_live_status_view(server, monkeypatch, capsys):
+    from elasticps.cli.main import main
+    from elasticps.runtime import EpochReport, JobReport, WindowReport
+    from elasticps.runtime.reports import StepTimes
+
+    client, manager = server
+    client.post("/jobs", content=SPEC.format(name="done"), headers={"Content-Type": "application/yaml"})
+    times = StepTimes(compute_s=0.004, pull_s=0.001, push_s=0.001, update_s=0.0005, wait_s=0.0)
+    windows = [
+        WindowReport(0, 9, 10, 640, 1.0, 640.0, 1.5, times, 1, 1),
+        WindowReport(10, 19, 10, 640, 0.5, 1280.0, 0.9, times, 1, 2),
+    ]
+    epoch = EpochReport(1, 21, 900.0, 1.6, 1.1, 0.93, None, 1, 2)
+    # the last report of a job that ended while this manager ran (what the control loop keeps)
+    manager.ended["done"] = JobReport(
+        name="done", state="finished", mode="sync", step=21, epoch=1, cursor=0, epochs=2, samples_seen=1344,
+        num_ps=1, num_workers=2, target_shape=(1, 2), placement={}, windows=windows, epoch_reports=[epoch],
+        events=["resumed at step 0"],
+    )  # fmt: skip
+    manager.store.record_allocation("done", time.time(), 1, 2, {})
+    manager.store.set_state("done", "finished", time.time())
+    lines = client.get("/jobs/done/logs").json()
+    assert [(line["step"], line["kind"]) for line in lines] == [
+        (9, "window"),
+        (19, "window"),
+        (21, "epoch"),
+        (None, "event"),
+    ]
+    assert "P=1 W=2 1280 samples/s loss 0.9000" in lines[1]["text"]
+    assert [line["step"] for line in client.get("/jobs/done/logs", params={"after_step": 9}).json()] == [19, 21]
+    assert client.get("/jobs/nope/logs").status_code == 404
+
+    url = str(client.base_url).rstrip("/")
+    monkeypatch.setenv("ELASTICPS_TOKEN", "s3cret")
+    assert main(["logs", "done", "--url", url, "--follow"]) == 0  # ends: the job has finished
+    assert main(["status", "--url", url, "--watch", "0.1"]) == 0  # ends: every job has ended
+    out, _ = capsys.readouterr()
+    assert "step     21  epoch 1 done in 1.6 s, metric 0.9300" in out
+    assert re.search(r"done\s+finished\s+1x2\s+\[#{10}\.{10}\] 1/2\s+1280\s+0\.9300", out), out

@@ -199,6 +199,62 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _bar(done: float, total: float, width: int = 20) -> str:
+    frac = min(1.0, done / total) if total else 0.0
+    return "[" + "#" * round(frac * width) + "." * (width - round(frac * width)) + "]"
+
+
+def _status_table(jobs: list[dict]) -> str:
+    rows = []
+    for j in jobs:
+        alloc = j.get("allocation") or {}
+        prog = j.get("progress") or {}
+        rate, metric = prog.get("samples_per_s"), prog.get("metric")
+        epochs = prog.get("epochs")
+        rows.append(
+            [
+                j["name"],
+                j["state"],
+                f"{alloc.get('num_ps', '-')}x{alloc.get('num_workers', '-')}",
+                f"{_bar(prog.get('epoch', 0), epochs)} {prog.get('epoch')}/{epochs}" if epochs else "-",
+                f"{rate:.0f}" if rate else "-",
+                f"{metric:.4f}" if metric is not None else "-",
+            ]
+        )
+    return _table(rows, ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC"])
+
+
+def _watch_status(client: Any, every_s: float) -> int:
+    """Redraw the status table every ``every_s`` until every job has ended (or Ctrl-C)."""
+    import time
+
+    try:
+        while True:
+            jobs = client.jobs()
+            stamp = time.strftime("%H:%M:%S")
+            print("\033[H\033[J" + f"elasticps status  {stamp}  (Ctrl-C to stop)\n\n" + _status_table(jobs), flush=True)
+            if jobs and all(j["state"] in ("finished", "failed", "cancelled") for j in jobs):
+                return 0
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _print_logs(client: Any, name: str, follow: bool) -> None:
+    import time
+
+    last = -1
+    while True:
+        for line in client.logs(name, last):
+            step = f"step {line['step']:6d}" if line["step"] is not None else "event      "
+            print(f"{step}  {line['text']}", flush=True)
+            if line["step"] is not None:
+                last = max(last, line["step"])
+        if not follow or client.job(name)["state"] in ("finished", "failed", "cancelled"):
+            return
+        time.sleep(2.0)
+
+
 def cmd_client(args: argparse.Namespace) -> int:
     from elasticps.manager.client import Client, ManagerError
 
@@ -209,25 +265,15 @@ def cmd_client(args: argparse.Namespace) -> int:
             job = client.submit(text, json_body=args.spec.endswith(".json"))
             print(f"submitted {job['name']} ({job['state']})")
         elif args.command == "status":
-            rows = []
-            for j in client.jobs():
-                alloc = j.get("allocation") or {}
-                prog = j.get("progress") or {}
-                rate = prog.get("samples_per_s")
-                rows.append(
-                    [
-                        j["name"],
-                        j["state"],
-                        f"{alloc.get('num_ps', '-')}x{alloc.get('num_workers', '-')}",
-                        f"{prog.get('epoch', '-')}/{prog.get('epochs', '-')}",
-                        f"{rate:.0f}" if rate else "-",
-                    ]
-                )
-            print(_table(rows, ["JOB", "STATE", "PSxW", "EPOCH", "SAMPLES/S"]))
+            if args.watch:
+                return _watch_status(client, args.watch)
+            print(_status_table(client.jobs()))
         elif args.command == "describe":
             print(json.dumps(client.job(args.name), indent=2))
         elif args.command == "cancel":
             print(f"{args.name}: {client.cancel(args.name)['state']}")
+        elif args.command == "logs":
+            _print_logs(client, args.name, args.follow)
         elif args.command == "events":
             for e in client.events(args.name):
                 print(f"{e['id']:5d} {e['job'] or '-':12s} {e['kind']:10s} {e['message']}")
@@ -300,14 +346,19 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "list jobs"),
         ("describe", "one job in full"),
         ("cancel", "cancel a job"),
+        ("logs", "a job's progress log (windows, epochs, events)"),
         ("events", "events"),
     ]:
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--url", help="manager URL (default $ELASTICPS_URL or http://127.0.0.1:8470)")
         if name == "submit":
             c.add_argument("spec")
-        elif name in ("describe", "cancel"):
+        elif name in ("describe", "cancel", "logs"):
             c.add_argument("name")
+        if name == "logs":
+            c.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+        if name == "status":
+            c.add_argument("--watch", type=float, nargs="?", const=2.0, help="redraw every N seconds (default 2)")
         elif name == "events":
             c.add_argument("name", nargs="?")
         c.set_defaults(func=cmd_client)

@@ -27,6 +27,7 @@ from elasticps.errors import ConfigError, ProgramError
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import parse_spec
 from elasticps.manager.store import JobRecord
+from elasticps.runtime import JobReport
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -52,8 +53,8 @@ def _job_json(rec: JobRecord, manager: Manager) -> dict[str, Any]:
         at, p, w, placement = allocations[-1]
         out["allocation"] = {"at": at, "num_ps": p, "num_workers": w, "placement": placement}
     live = manager.live.get(rec.name)
-    if live is not None:
-        report = live.controller.report()
+    report = live.controller.report() if live is not None else manager.ended.get(rec.name)
+    if report is not None:
         last = report.windows[-1] if report.windows else None
         out["progress"] = {
             "step": report.step,
@@ -138,6 +139,18 @@ def create_app(manager: Manager, token: str | None = None) -> FastAPI:
             raise HTTPException(status_code=400, detail=f"job spec field '{where}': {first['msg']}") from exc
         return _job_json(rec, manager)
 
+    @app.get("/jobs/{name}/logs", dependencies=deps)
+    def logs(name: str, after_step: int = -1) -> list[dict[str, Any]]:
+        """The job's progress as log lines (windows, epochs, runtime events) from
+        this manager's run of it; ``after_step`` keeps the lines after that step."""
+        try:
+            manager.store.get_job(name)
+        except KeyError:
+            raise HTTPException(status_code=404, detail=f"no job named {name!r}") from None
+        live = manager.live.get(name)
+        report = live.controller.report() if live is not None else manager.ended.get(name)
+        return [] if report is None else job_log_lines(report, after_step)
+
     @app.get("/events", dependencies=deps)
     def events(job: str | None = None, after: int = 0) -> list[dict[str, Any]]:
         return [
@@ -182,3 +195,28 @@ def create_app(manager: Manager, token: str | None = None) -> FastAPI:
         return manager.overview()
 
     return app
+
+
+def job_log_lines(report: JobReport, after_step: int = -1) -> list[dict[str, Any]]:
+    """Windows and epochs of a report as ``{"step", "kind", "text"}`` lines, in
+    step order, then the runtime's events (which carry no step)."""
+    lines: list[dict[str, Any]] = []
+    for w in report.windows:
+        if w.last_step > after_step:
+            t = w.mean_step_times
+            text = (
+                f"P={w.num_ps} W={w.num_workers} {w.samples_per_s:.0f} samples/s loss {w.loss:.4f} "
+                f"step ms: compute {t.compute_s * 1e3:.1f} pull {t.pull_s * 1e3:.1f} push {t.push_s * 1e3:.1f} "
+                f"update {t.update_s * 1e3:.1f} wait {t.wait_s * 1e3:.1f}"
+            )
+            lines.append({"step": w.last_step, "kind": "window", "text": text})
+    for e in report.epoch_reports:
+        if e.step > after_step:
+            metric = f", metric {e.metric:.4f}" if e.metric is not None else ""
+            lines.append(
+                {"step": e.step, "kind": "epoch", "text": f"epoch {e.epoch} done in {e.elapsed_s:.1f} s{metric}"}
+            )
+    lines.sort(key=lambda line: (line["step"], line["kind"] != "window"))
+    if after_step < 0:
+        lines += [{"step": None, "kind": "event", "text": msg} for msg in report.events]
+    return lines

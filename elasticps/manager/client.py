@@ -56,3 +56,6 @@ class Client:
         if job:
             params["job"] = job
         return self._call("GET", "/events", params=params)
+
+    def logs(self, name: str, after_step: int = -1) -> list[dict[str, Any]]:
+        return self._call("GET", f"/jobs/{name}/logs", params={"after_step": after_step})
