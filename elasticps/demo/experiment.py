@@ -92,7 +92,9 @@ class ScenarioResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScenarioResult:
-        return cls(**{**d, "timeline": [Sample(**s) for s in d["timeline"]]})
+        jobs = {n: {**j, "shapes": [tuple(x) for x in j["shapes"]]} for n, j in d["jobs"].items()}
+        events = [tuple(e) for e in d["events"]]
+        return cls(**{**d, "jobs": jobs, "events": events, "timeline": [Sample(**s) for s in d["timeline"]]})
 
 
 def run_scenario(policy: str, setup: Setup, workdir: Path, say: Callable[[str], None] = print) -> ScenarioResult:

@@ -41,7 +41,8 @@ def figures(results: dict[str, ScenarioResult]) -> dict[str, str]:
         ax.set_title(f"{policy}: CPUs held (cluster {r.cluster_cpus:g})")
         ax.set_xlabel("seconds since submission")
     axes[0][0].set_ylabel("CPUs")
-    axes[0][-1].legend(loc="upper right", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, -0.08))
     out["cpus"] = _png(fig)
     plt.close(fig)
 
