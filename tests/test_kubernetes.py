@@ -364,3 +364,47 @@ def test_the_managers_service_account_can_do_what_it_needs_and_nothing_else(kube
         with pytest.raises(ApiException) as err:
             call()
         assert err.value.status == 403, what
+
+
+# -- the manager, wired to KubeRay ---------------------------------------------------------
+
+
+def test_the_manager_asks_kuberay_for_the_pods_its_jobs_would_use(kube, ray_local, tmp_path):
+    import ray
+
+    from elasticps.manager import Store
+    from elasticps.manager.service import Manager
+    from elasticps.manager.spec import JobSpec
+
+    api, _ = kube
+    ns, tag = _ns(api), uuid.uuid4().hex[:6]
+    kuberay = _raycluster(api, ns)  # replicas 1, 4-CPU pods, max 16
+    _node(api, f"{tag}-k0", "64")
+    # the local Ray node (8 CPUs) plays the RayCluster's one worker pod: a pod named like its host
+    host = next(n["NodeManagerHostname"] for n in ray.nodes() if n["Alive"])
+    _pod(api, ns, host, f"{tag}-k0", "4", {"ray.io/cluster": "elasticps", "ray.io/group": "workers"})
+    cap = KubeCapacity(api, ours={"ray.io/cluster": "elasticps"}).start()
+    manager = Manager(Store(tmp_path / "m.db"), tmp_path, policy="greedy", growth=KubeRayGrowth(cap, kuberay))
+    try:
+        cap.wait_synced()
+        _wait(lambda: len(cap.pods({"ray.io/cluster": "elasticps"}, ns)) == 1, what="worker pod seen")
+        spec = JobSpec.model_validate(
+            {
+                "name": "big",
+                "program": "elasticps.examples.digits:program",
+                "ps": {"min": 1, "max": 1, "cpu": 1},
+                "workers": {"min": 1, "max": 15, "cpu": 1},
+            }
+        )
+        manager.submit(spec)
+        for p, w in ((1, 1), (1, 2), (1, 4)):  # a speed model fitted on earlier runs: it scales with workers
+            manager.store.record_observation("big", 0.0, p, w, 1000.0 * w / (1 + 0.05 * w))
+        decision = manager.step()
+        assert decision["big"] == (1, 7)  # what fits in the 8 CPUs Ray has now
+        # 16 tasks wanted: 8 more CPUs than Ray has = two more 4-CPU pods
+        assert kuberay.worker_group()[1].replicas == 3
+        growth = [m for _, _, _, kind, m in manager.store.events() if kind == "growth"]
+        assert growth and growth[-1].startswith("Ray worker pods -> 3"), growth
+    finally:
+        manager.shutdown()
+        cap.stop()
