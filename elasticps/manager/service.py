@@ -154,18 +154,25 @@ class Manager:
             self._grow(views, cluster, current, now)
         return decision
 
-    def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0) -> None:
+    def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0, settle_s: float = 3.0) -> None:
         """Decide every ``interval_s``, and at once (within ``watch_s``) when a
         job is submitted or ends, limits change, a node joins or leaves, or
-        another tenant takes or frees room."""
+        another tenant takes or frees room.
+
+        Ray accounts for tasks we start or stop a moment after we do (over a
+        second when several start on a busy machine), so for ``settle_s`` after
+        a round capacity is not compared; then it is compared with what it was
+        before the round, and only others' changes remain.
+        """
         last_round = float("-inf")
+        settled_at = float("-inf")
         seen: dict[str, tuple[float, float]] | None = None
         while not stop.is_set():
             due = time.monotonic() - last_round >= interval_s
             woken = self.wake.is_set() or any(not live.thread.is_alive() for live in self.live.values())
             self.wake.clear()
             try:
-                if not (due or woken):
+                if not (due or woken) and time.monotonic() >= settled_at:
                     change = capacity_change(seen, now := capacity_signature(ray_cluster_view(self._ours())))
                     seen = now
                     if change:
@@ -174,7 +181,7 @@ class Manager:
                 if due or woken:
                     last_round = time.monotonic()
                     self.step()
-                    seen = None  # Ray accounts for tasks just started or stopped a moment later
+                    settled_at = time.monotonic() + settle_s
             except Exception:
                 log.exception("scheduling round failed")
             self.wake.wait(watch_s)
