@@ -19,7 +19,7 @@ def results(tmp_path_factory):
     if ray.is_initialized():
         ray.shutdown()
     # rounds every 30 s: the jobs can only grow soon after the tenant leaves if that event starts one
-    setup = experiment.Setup(epochs=(6, 8, 10), tenant_s=15.0, interval_s=30.0, timeout_s=400)
+    setup = experiment.Setup(epochs=(8, 10, 12), tenant_s=20.0, interval_s=30.0, timeout_s=400)
     lines: list[str] = []
     out = experiment.run(setup, ("static", "elastic"), tmp_path_factory.mktemp("demo"), say=lines.append)
     return setup, out, lines

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from elasticps.errors import ConfigError
 from elasticps.manager.capacity import capacity_change, capacity_signature, ray_cluster_view, ray_hostnames
 from elasticps.manager.spec import JobSpec, TaskSpec
 from elasticps.manager.store import JobRecord, Store
@@ -58,6 +59,7 @@ class _Live:
     shape: tuple[int, int]
     placement: dict[str, str] = field(default_factory=dict)
     seen_windows: int = 0
+    measured: set[tuple[int, int]] = field(default_factory=set)  # shapes with a speed observation
 
 
 class Manager:
@@ -146,7 +148,12 @@ class Manager:
             if live is None:
                 self._start(rec, shape, placement, now)
             elif shape != live.shape or placement != live.placement:
-                live.controller.rescale(*shape, placement=placement)
+                try:
+                    live.controller.rescale(*shape, placement=placement)
+                except ConfigError:
+                    if live.controller.state in ("finished", "failed"):
+                        continue  # it ended since this round read its report; the next round retires it
+                    raise
                 live.shape, live.placement = shape, placement
                 self.store.record_allocation(rec.name, now, *shape, placement)
                 self.store.add_event(now, rec.name, "rescale", f"rescale to {shape[0]} PS x {shape[1]} workers")
@@ -156,8 +163,9 @@ class Manager:
 
     def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0, settle_s: float = 3.0) -> None:
         """Decide every ``interval_s``, and at once (within ``watch_s``) when a
-        job is submitted or ends, limits change, a node joins or leaves, or
-        another tenant takes or frees room.
+        job is submitted or ends, a job is first measured at a shape (so that a
+        new job, or one exploring, moves on without waiting), limits change, a
+        node joins or leaves, or another tenant takes or frees room.
 
         Ray accounts for tasks we start or stop a moment after we do (over a
         second when several start on a busy machine), so for ``settle_s`` after
@@ -169,9 +177,10 @@ class Manager:
         seen: dict[str, tuple[float, float]] | None = None
         while not stop.is_set():
             due = time.monotonic() - last_round >= interval_s
-            woken = self.wake.is_set() or any(not live.thread.is_alive() for live in self.live.values())
+            woken = self.wake.is_set()
             self.wake.clear()
             try:
+                woken = self._collect(self.clock()) or woken
                 if not (due or woken) and time.monotonic() >= settled_at:
                     change = capacity_change(seen, now := capacity_signature(ray_cluster_view(self._ours())))
                     seen = now
@@ -262,12 +271,17 @@ class Manager:
             gone = f"; removing {', '.join(plan.workers_to_delete)}" if plan.workers_to_delete else ""
             self.store.add_event(now, None, "growth", f"Ray worker pods -> {plan.replicas} ({plan.reason}){gone}")
 
-    def _collect(self, now: float) -> None:
-        """Record new speed observations; retire jobs that ended."""
+    def _collect(self, now: float) -> bool:
+        """Record new speed observations; retire jobs that ended. True if a job
+        ended or was measured at a shape for the first time (worth a round)."""
+        news = False
         for name, live in list(self.live.items()):
             report = live.controller.report()
             for w in report.windows[live.seen_windows :]:
                 self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
+                if (w.num_ps, w.num_workers) not in live.measured:
+                    live.measured.add((w.num_ps, w.num_workers))
+                    news = True
             live.seen_windows = len(report.windows)
             per_epoch = live.controller.samples_per_epoch()
             if per_epoch is not None:
@@ -280,7 +294,8 @@ class Manager:
                 )
                 live.controller.shutdown()
                 del self.live[name]
-                self.wake.set()  # its room is free: decide again soon
+                news = True  # its room is free
+        return news
 
     def _view(self, rec: JobRecord) -> JobView:
         spec = rec.spec
