@@ -59,7 +59,6 @@ class _Live:
     shape: tuple[int, int]
     placement: dict[str, str] = field(default_factory=dict)
     seen_windows: int = 0
-    measured: set[tuple[int, int]] = field(default_factory=set)  # shapes with a speed observation
 
 
 class Manager:
@@ -163,9 +162,8 @@ class Manager:
 
     def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0, settle_s: float = 3.0) -> None:
         """Decide every ``interval_s``, and at once (within ``watch_s``) when a
-        job is submitted or ends, a job is first measured at a shape (so that a
-        new job, or one exploring, moves on without waiting), limits change, a
-        node joins or leaves, or another tenant takes or frees room.
+        job is submitted or ends, limits change, a node joins or leaves, or
+        another tenant takes or frees room.
 
         Ray accounts for tasks we start or stop a moment after we do (over a
         second when several start on a busy machine), so for ``settle_s`` after
@@ -272,16 +270,17 @@ class Manager:
             self.store.add_event(now, None, "growth", f"Ray worker pods -> {plan.replicas} ({plan.reason}){gone}")
 
     def _collect(self, now: float) -> bool:
-        """Record new speed observations; retire jobs that ended. True if a job
-        ended or was measured at a shape for the first time (worth a round)."""
+        """Record new speed observations; retire jobs that ended (True if one did).
+
+        A job's first measurement at a new shape does not start a round: the
+        job measured first would explore first and take the room that others,
+        measured a moment later, would have shared (tried in the demo: their
+        completion times got worse). Exploration moves at the interval."""
         news = False
         for name, live in list(self.live.items()):
             report = live.controller.report()
             for w in report.windows[live.seen_windows :]:
                 self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
-                if (w.num_ps, w.num_workers) not in live.measured:
-                    live.measured.add((w.num_ps, w.num_workers))
-                    news = True
             live.seen_windows = len(report.windows)
             per_epoch = live.controller.samples_per_epoch()
             if per_epoch is not None:
