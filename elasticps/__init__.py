@@ -1,6 +1,8 @@
 """elasticps: elastic resource allocation for parameter-server training on shared clusters."""
 
 from elasticps.errors import ConfigError, ElasticPSError, JobFailedError, PlacementError, ProgramError
+from elasticps.k8s import KubeCapacity, KubeRay, KubeRayGrowth
+from elasticps.manager import Client, JobSpec, Manager, Store, parse_spec
 from elasticps.program import ELEMENTWISE_OPTIMIZERS, TrainingProgram, load_program
 from elasticps.runtime import (
     EpochReport,
@@ -18,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ELEMENTWISE_OPTIMIZERS",
+    "Client",
     "ConfigError",
     "ElasticPSError",
     "EpochReport",
@@ -25,14 +28,21 @@ __all__ = [
     "JobController",
     "JobFailedError",
     "JobReport",
+    "JobSpec",
+    "KubeCapacity",
+    "KubeRay",
+    "KubeRayGrowth",
+    "Manager",
     "PlacementError",
     "ProgramError",
     "RescaleRecord",
+    "Store",
     "TaskResources",
     "TrainingProgram",
     "WindowReport",
     "__version__",
     "load_program",
+    "parse_spec",
     "relative_error",
     "train_single_process",
 ]

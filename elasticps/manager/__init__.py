@@ -1,9 +1,18 @@
-"""The configuration manager (in progress): job specs and the durable store.
+"""The configuration manager: job specs, the durable store, the control loop and its client."""
 
-The service loop, REST API, CLI and dashboard of issue 6 build on these.
-"""
-
+from elasticps.manager.client import Client, ManagerError
+from elasticps.manager.service import ClusterGrowth, Manager
 from elasticps.manager.spec import JobSpec, TaskSpec, parse_spec
 from elasticps.manager.store import JobRecord, Store
 
-__all__ = ["JobRecord", "JobSpec", "Store", "TaskSpec", "parse_spec"]
+__all__ = [
+    "Client",
+    "ClusterGrowth",
+    "JobRecord",
+    "JobSpec",
+    "Manager",
+    "ManagerError",
+    "Store",
+    "TaskSpec",
+    "parse_spec",
+]
