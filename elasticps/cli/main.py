@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+POLICIES = ("static", "greedy", "optimus", "elastic")
+
 
 def _write_json(path: str | None, data: Any) -> None:
     text = json.dumps(data, indent=2, default=str)
@@ -36,7 +38,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         setup = replace(setup, epochs=tuple(args.epochs * k // 3 for k in (3, 4, 5)))
     if args.tenant_s is not None:
         setup = replace(setup, tenant_s=args.tenant_s)
-    policies = tuple(args.policies.split(","))
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        choices = ", ".join(POLICIES)
+        print(f"error: --policies: unknown {unknown or 'none given'}; choose from {choices}", file=sys.stderr)
+        return 2
     results = experiment.run(setup, policies)
     text = experiment.table(results)
     print()
