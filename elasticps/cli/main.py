@@ -397,7 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(message)s")
-    return int(args.func(args) or 0)
+    from elasticps.errors import ElasticPSError
+
+    try:
+        return int(args.func(args) or 0)
+    except ElasticPSError as exc:  # bad input or a failed job: a message, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from elasticps.errors import ConfigError
 from elasticps.k8s.capacity import KubeCapacity
 from elasticps.k8s.kuberay import KubeRay, KubeRayGrowth
 
@@ -37,7 +38,12 @@ def kuberay_growth(
         namespace = SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default"
     client = api_client(kubeconfig)
     kuberay = KubeRay(client, namespace, name, group)
-    kuberay.worker_group()  # fail now, clearly, if the RayCluster or its group is not there
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        kuberay.worker_group()  # fail now, clearly, if the RayCluster or its group is not there
+    except ApiException as exc:
+        raise ConfigError(f"cannot read RayCluster {namespace}/{name}: {exc.status} {exc.reason}") from exc
     capacity = KubeCapacity(client, ours={"ray.io/cluster": name}, on_change=on_change).start()
     capacity.wait_synced()
     return KubeRayGrowth(capacity, kuberay), capacity
