@@ -408,3 +408,21 @@ def test_the_manager_asks_kuberay_for_the_pods_its_jobs_would_use(kube, ray_loca
     finally:
         manager.shutdown()
         cap.stop()
+
+
+def test_server_wiring_reads_the_raycluster_and_names_a_missing_one(kube):
+    from elasticps.errors import ConfigError
+    from elasticps.k8s.deploy import kuberay_growth
+
+    api, kubeconfig = kube
+    ns = _ns(api)
+    _raycluster(api, ns)
+    woken: list[bool] = []
+    growth, cap = kuberay_growth("elasticps", ns, None, kubeconfig, on_change=lambda: woken.append(True))
+    try:
+        assert growth.kuberay.worker_group()[1].name == "workers"
+        assert woken  # the first listing counts as a change
+    finally:
+        cap.stop()
+    with pytest.raises(ConfigError, match=f"cannot read RayCluster {ns}/nope: 404"):
+        kuberay_growth("nope", ns, None, kubeconfig)

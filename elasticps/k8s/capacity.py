@@ -127,9 +127,9 @@ class KubeCapacity:
                     changed = fresh.keys() != store.keys() or any(fresh[k] != store[k] for k in fresh)
                     store.clear()
                     store.update(fresh)
-                self._synced[kind].set()
                 if changed:
                     self._changed()
+                self._synced[kind].set()
                 w = watch.Watch()
                 for event in w.stream(
                     lister,
