@@ -417,11 +417,12 @@ def test_server_wiring_reads_the_raycluster_and_names_a_missing_one(kube):
     api, kubeconfig = kube
     ns = _ns(api)
     _raycluster(api, ns)
+    _node(api, f"{uuid.uuid4().hex[:6]}-k0", "8")
     woken: list[bool] = []
     growth, cap = kuberay_growth("elasticps", ns, None, kubeconfig, on_change=lambda: woken.append(True))
     try:
         assert growth.kuberay.worker_group()[1].name == "workers"
-        assert woken  # the first listing counts as a change
+        assert woken  # the first listing (a node) counts as a change
     finally:
         cap.stop()
     with pytest.raises(ConfigError, match=f"cannot read RayCluster {ns}/nope: 404"):
