@@ -176,7 +176,10 @@ def cmd_server(args: argparse.Namespace) -> int:
     check_bind(args.host, token)
     ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     workdir = Path(args.workdir)
-    manager = Manager(Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement)
+    options = {"rescale_cost_s": args.rescale_cost_s} if args.rescale_cost_s is not None else {}
+    manager = Manager(
+        Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options
+    )
     capacity = None
     if args.kuberay:
         from elasticps.k8s.deploy import kuberay_growth
@@ -339,6 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     server.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
     server.add_argument("--interval-s", type=float, default=10.0, help="scheduling interval")
+    server.add_argument(
+        "--rescale-cost-s",
+        type=float,
+        help="elastic: seconds a rescale is taken to cost (default 10; measured pauses here are < 1 s)",
+    )
     server.add_argument("--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic"])
     server.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"])
     server.add_argument("--placement", default="locality", choices=["locality", "spread", "pack", "optimus"])

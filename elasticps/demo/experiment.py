@@ -49,6 +49,7 @@ class Setup:
     max_workers: int = 4
     timeout_s: float = 600.0
     sample_s: float = 1.0
+    policy_options: tuple[tuple[str, float], ...] = ()  # e.g. (("rescale_cost_s", 1.0),)
 
     def job_specs(self) -> list[JobSpec]:
         task = {"cpu": 1.0, "cpu_limit": self.cores_per_cpu}
@@ -116,7 +117,13 @@ def run_scenario(policy: str, setup: Setup, workdir: Path, say: Callable[[str], 
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
         tenant = _start_tenant(cluster.address, setup, workdir)
         say(f"[{policy}] other tenant holds {setup.tenant_per_node * setup.nodes} CPUs for {setup.tenant_s:.0f} s")
-        manager = Manager(Store(workdir / "manager.db"), workdir, policy=policy, report_interval_s=2.0)
+        manager = Manager(
+            Store(workdir / "manager.db"),
+            workdir,
+            policy=policy,
+            report_interval_s=2.0,
+            policy_options=dict(setup.policy_options),
+        )
         t0 = time.time()
         for spec in setup.job_specs():
             manager.submit(spec)

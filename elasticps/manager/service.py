@@ -72,10 +72,12 @@ class Manager:
         clock: Callable[[], float] = time.time,
         report_interval_s: float = 2.0,
         growth: ClusterGrowth | None = None,
+        policy_options: dict[str, Any] | None = None,
     ) -> None:
         self.store = store
         self.workdir = Path(workdir)
-        self.policy = make_policy(policy, objective=objective)
+        # e.g. {"rescale_cost_s": 1.0}: what a rescale costs the elastic policy (see docs/scheduler.md)
+        self.policy = make_policy(policy, objective=objective, **(policy_options or {}))
         self.placement_method = placement
         self.clock = clock
         self.report_interval_s = report_interval_s
