@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from elasticps.tables import format_table
+
 POLICIES = ("static", "greedy", "optimus", "elastic")
 
 
@@ -202,13 +204,6 @@ def cmd_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
-
-
 def _bar(done: float, total: float, width: int = 20) -> str:
     frac = min(1.0, done / total) if total else 0.0
     return "[" + "#" * round(frac * width) + "." * (width - round(frac * width)) + "]"
@@ -231,7 +226,7 @@ def _status_table(jobs: list[dict]) -> str:
                 f"{metric:.4f}" if metric is not None else "-",
             ]
         )
-    return _table(rows, ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC"])
+    return format_table(rows, ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC"])
 
 
 def _watch_status(client: Any, every_s: float) -> int:

@@ -32,6 +32,7 @@ from elasticps.errors import JobFailedError
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.store import Store
+from elasticps.tables import format_table
 
 PROGRAM = "elasticps.examples.digits:cnn_program"
 
@@ -181,10 +182,9 @@ def _watch(manager: Manager, t0: float, setup: Setup, policy: str, say: Callable
                 jobs,
             )
         )
-        for eid, at, job, kind, message in manager.store.events(after_id=last_event):
+        for eid, at, job, _, message in manager.store.events(after_id=last_event):
             last_event = eid
-            if kind != "observation":
-                say(f"[{policy}] {at - t0:6.1f} s  {job or 'cluster'}: {message}")
+            say(f"[{policy}] {at - t0:6.1f} s  {job or 'cluster'}: {message}")
         if now - last_line >= 10:
             last_line = now
             say(f"[{policy}] {now - t0:6.1f} s  " + _progress_line(jobs, timeline[-1]))
@@ -214,7 +214,8 @@ def _result(policy: str, manager: Manager, t0: float, timeline: list[Sample], se
         epochs = report.epoch_reports
         busy = sum(w.mean_step_times.compute_s * w.steps for w in report.windows)
         wall = sum(w.elapsed_s for w in report.windows)
-        cpu_s = _cpu_seconds(manager.store.allocations(rec.name), rec.updated_at)
+        allocations = manager.store.allocations(rec.name)
+        cpu_s = _cpu_seconds(allocations, rec.updated_at)
         end = max(end, rec.updated_at)
         jobs[rec.name] = {
             "epochs": len(epochs),
@@ -223,7 +224,7 @@ def _result(policy: str, manager: Manager, t0: float, timeline: list[Sample], se
             "final_accuracy": round(epochs[-1].metric, 4) if epochs[-1].metric is not None else None,
             "mean_utilization": round(busy / wall, 4) if wall else None,
             "mean_cpus": round(cpu_s / (rec.updated_at - rec.submitted_at), 3),
-            "shapes": sorted({(p, w) for _, p, w, _ in manager.store.allocations(rec.name)}),
+            "shapes": sorted({(p, w) for _, p, w, _ in allocations}),
             "rescales": sum(1 for r in report.rescales if r.ok),
         }
     cluster_cpus = float(setup.nodes * setup.cpus_per_node)
@@ -284,10 +285,7 @@ def table(results: dict[str, ScenarioResult]) -> str:
                     f"{j['mean_utilization']:.0%}",
                 ]
             )
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    lines.append("")
+    lines = [format_table(rows, header), ""]
     for policy, r in results.items():
         lines.append(
             f"{policy}: makespan {r.makespan_s:.1f} s, jobs held {r.mean_job_cpu_share:.0%} of the cluster's "

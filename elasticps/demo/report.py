@@ -51,7 +51,7 @@ def figures(results: dict[str, ScenarioResult]) -> dict[str, str]:
         for (policy, r), style in zip(results.items(), styles, strict=False):
             for n in names:
                 pts = [(s.t, s.jobs[n][key]) for s in r.timeline if n in s.jobs and s.jobs[n][key] is not None]
-                pts = [(t, v) for t, v in pts if r.timeline and _running_or_done(r, n, t)]
+                pts = [(t, v) for t, v in pts if _running_or_done(r, n, t)]
                 if pts:
                     ax.plot(*zip(*pts, strict=True), style, color=colours[n], label=f"{n} {policy}", lw=1.2)
         ax.set_xlabel("seconds since submission")
@@ -91,8 +91,7 @@ def write_html(results: dict[str, ScenarioResult], path: Path, table_text: str, 
         f"<tr><td>{html.escape(policy)}</td><td>{at:.1f}</td><td>{html.escape(job or 'cluster')}</td>"
         f"<td>{html.escape(msg)}</td></tr>"
         for policy, r in results.items()
-        for at, job, kind, msg in r.events
-        if kind != "observation"
+        for at, job, _, msg in r.events
     )
     setup_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in setup.items())
     page = f"""<!doctype html>

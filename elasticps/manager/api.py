@@ -52,8 +52,7 @@ def _job_json(rec: JobRecord, manager: Manager) -> dict[str, Any]:
     if allocations:
         at, p, w, placement = allocations[-1]
         out["allocation"] = {"at": at, "num_ps": p, "num_workers": w, "placement": placement}
-    live = manager.live.get(rec.name)
-    report = live.controller.report() if live is not None else manager.ended.get(rec.name)
+    report = manager.report(rec.name)
     if report is not None:
         last = report.windows[-1] if report.windows else None
         out["progress"] = {
@@ -147,8 +146,7 @@ def create_app(manager: Manager, token: str | None = None) -> FastAPI:
             manager.store.get_job(name)
         except KeyError:
             raise HTTPException(status_code=404, detail=f"no job named {name!r}") from None
-        live = manager.live.get(name)
-        report = live.controller.report() if live is not None else manager.ended.get(name)
+        report = manager.report(name)
         return [] if report is None else job_log_lines(report, after_step)
 
     @app.get("/events", dependencies=deps)

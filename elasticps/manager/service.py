@@ -195,6 +195,11 @@ class Manager:
                 log.exception("scheduling round failed")
             self.wake.wait(watch_s)
 
+    def report(self, name: str) -> JobReport | None:
+        """The job's report: live if it runs here, else its last one if it ended while this manager ran."""
+        live = self.live.get(name)
+        return live.controller.report() if live is not None else self.ended.get(name)
+
     def overview(self) -> dict:
         """What the dashboard shows: nodes (CPU used by jobs, by others, free) and
         jobs (tasks over time, throughput over time, loss by step)."""
@@ -217,8 +222,7 @@ class Manager:
         jobs = []
         for rec in self.store.list_jobs():
             allocs = self.store.allocations(rec.name)
-            live = self.live.get(rec.name)
-            report = live.controller.report() if live else self.ended.get(rec.name)
+            report = self.report(rec.name)
             last = allocs[-1] if allocs else (0, 0, 0, {})
             jobs.append(
                 {
