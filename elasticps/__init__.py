@@ -1,8 +1,15 @@
 """elasticps: elastic resource allocation for parameter-server training on shared clusters."""
 
-from elasticps.errors import ConfigError, ElasticPSError, JobFailedError, PlacementError, ProgramError
+from elasticps.errors import (
+    ConfigError,
+    ElasticPSError,
+    JobEndedError,
+    JobFailedError,
+    PlacementError,
+    ProgramError,
+)
 from elasticps.k8s import KubeCapacity, KubeRay, KubeRayGrowth
-from elasticps.manager import Client, JobSpec, Manager, Store, parse_spec
+from elasticps.manager import Client, JobRuntime, JobSpec, JobState, Manager, Store, parse_spec
 from elasticps.program import ELEMENTWISE_OPTIMIZERS, TrainingProgram, load_program
 from elasticps.runtime import (
     EpochReport,
@@ -26,9 +33,12 @@ __all__ = [
     "EpochReport",
     "JobConfig",
     "JobController",
+    "JobEndedError",
     "JobFailedError",
     "JobReport",
+    "JobRuntime",
     "JobSpec",
+    "JobState",
     "KubeCapacity",
     "KubeRay",
     "KubeRayGrowth",

@@ -19,3 +19,7 @@ class PlacementError(ElasticPSError):
 
 class JobFailedError(ElasticPSError):
     """The job cannot continue (user code raised, or nothing is left to run it)."""
+
+
+class JobEndedError(ConfigError):
+    """The job has ended, so it can no longer be changed."""

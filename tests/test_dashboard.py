@@ -49,7 +49,7 @@ def test_dashboard_shows_nodes_jobs_and_curves(ray_local, tmp_path):
     while time.monotonic() < deadline:  # until both jobs have reported a few windows
         time.sleep(1.0)
         manager.step()
-        if all(len(live.controller.report().windows) >= 3 for live in manager.live.values()):
+        if all((r := manager.report(name)) and len(r.windows) >= 3 for name in ("alpha", "beta")):
             break
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

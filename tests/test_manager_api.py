@@ -1,7 +1,9 @@
-"""The REST API over real HTTP on loopback (uvicorn), against a real store.
+"""The REST API over real HTTP on loopback (uvicorn), against a real store
+and the in-memory runtime (programs are resolved by the runtime, so these
+tests need no Ray; tests/test_manager_loop.py runs the real one).
 
-The control loop is not running here (tests/test_manager_loop.py runs it):
-these tests cover the API's contract: validation, status codes, auth, metrics.
+These tests cover the API's contract: validation, status codes, the security
+boundary (token, Host, Origin, body type and size), metrics.
 """
 
 from __future__ import annotations
@@ -17,15 +19,17 @@ import uvicorn
 
 from elasticps import ConfigError
 from elasticps.manager import Store
-from elasticps.manager.api import check_bind, create_app
+from elasticps.manager.api import create_app
+from elasticps.manager.fake import FakeCapacity, FakeRuntime
 from elasticps.manager.service import Manager
 
 SPEC = "name: {name}\nprogram: elasticps.examples.digits:program\nworkers: {{min: 1, max: 2}}\n"
+YAML = {"Content-Type": "application/yaml"}
 
 
 @pytest.fixture
 def server(tmp_path):
-    manager = Manager(Store(tmp_path / "m.db"), tmp_path / "work")
+    manager = Manager(Store(tmp_path / "m.db"), tmp_path / "work", runtime=FakeRuntime(), capacity=FakeCapacity())
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -45,16 +49,17 @@ def server(tmp_path):
 
 def test_submit_list_get_cancel_events_metrics(server):
     client, _ = server
-    r = client.post("/jobs", content=SPEC.format(name="job-1"), headers={"Content-Type": "application/yaml"})
+    r = client.post("/jobs", content=SPEC.format(name="job-1"), headers=YAML)
     assert r.status_code == 201 and r.json()["state"] == "pending"
-    assert client.post("/jobs", content=SPEC.format(name="job-1")).status_code == 409
+    assert client.post("/jobs", content=SPEC.format(name="job-1"), headers=YAML).status_code == 409
     r = client.post("/jobs", json={"name": "job-2", "program": "elasticps.examples.digits:program"})
     assert r.status_code == 201
     assert [j["name"] for j in client.get("/jobs").json()] == ["job-1", "job-2"]
     assert client.get("/jobs/job-2").json()["spec"]["workers"]["max"] == 8
     assert client.get("/jobs/nope").status_code == 404
     assert client.delete("/jobs/job-1").json()["state"] == "cancelled"
-    assert client.delete("/jobs/job-1").status_code == 409
+    assert client.delete("/jobs/job-1").json()["state"] == "cancelled"  # idempotent
+    assert client.post("/jobs/job-1/retry").status_code == 409  # cancelled is final
     kinds = [(e["job"], e["kind"]) for e in client.get("/events").json()]
     assert kinds == [("job-1", "submitted"), ("job-2", "submitted"), ("job-1", "cancelled")]
     assert len(client.get("/events", params={"after": 2}).json()) == 1
@@ -68,14 +73,18 @@ def test_submit_list_get_cancel_events_metrics(server):
     [
         ("name: UPPER\nprogram: a.b:c\n", "field 'name'"),
         ("name: x\nprogram: a.b:c\nworkers: {min: 3, max: 1}\n", "field 'workers'"),
-        ("name: x\nprogram: no.such.module:prog\n", "field 'program': cannot import module 'no.such.module'"),
+        ("name: x\nprogram: no.such.module:prog\n", "field 'program': cannot import program 'no.such.module:prog'"),
+        ("name: x\nprogram: a.b:c\nargs: {seed: .nan}\n", "field 'args.seed': must be a finite number"),
+        ("name: x\nprogram: a.b:c\nps: {min: 0, max: 0}\n", "field 'ps': min must be >= 1"),
+        ("[" * 5000, "nested too deeply"),
         ("name: x\n", "field 'program': Field required"),
     ],
 )
 def test_bad_specs_get_a_4xx_naming_the_field(server, body, detail):
-    client, _ = server
-    r = client.post("/jobs", content=body)
-    assert r.status_code == 400 and detail in r.json()["detail"]
+    client, manager = server
+    r = client.post("/jobs", content=body, headers=YAML)
+    assert r.status_code == 400 and detail in r.json()["detail"], r.text
+    assert manager.store.list_jobs() == []  # nothing half-written
 
 
 def test_requests_without_the_token_are_refused(server):
@@ -85,11 +94,36 @@ def test_requests_without_the_token_are_refused(server):
     assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
 
 
-def test_non_loopback_bind_needs_a_token():
-    check_bind("127.0.0.1", None)
-    check_bind("0.0.0.0", "t")
+def test_the_boundary_refuses_cross_site_rebinding_and_oversized_requests(server):
+    """What a web page (CSRF) or a DNS-rebinding attack could send, and a body
+    too large to parse, are refused before anything runs."""
+    client, manager = server
+    spec = SPEC.format(name="csrf")
+    # a page can POST text/plain cross-site without a preflight: not a type we accept
+    assert client.post("/jobs", content=spec, headers={"Content-Type": "text/plain"}).status_code == 415
+    assert client.post("/jobs", content=spec).status_code == 415  # no type at all
+    r = client.post("/jobs", content=spec, headers={**YAML, "Origin": "http://evil.example"})
+    assert r.status_code == 403 and "cross-origin" in r.json()["detail"]
+    r = client.get("/jobs", headers={"Host": "evil.example"})
+    assert r.status_code == 403 and "Host 'evil.example'" in r.json()["detail"]
+    big = "name: big\nprogram: a.b:c\n#" + "x" * 100_000
+    assert client.post("/jobs", content=big, headers=YAML).status_code == 413
+
+    def chunks():  # no Content-Length: the limit holds while reading
+        for _ in range(100):
+            yield b"#" + b"x" * 1023 + b"\n"
+
+    assert client.post("/jobs", content=chunks(), headers=YAML).status_code == 413
+    assert manager.store.list_jobs() == []
+    own = str(client.base_url).rstrip("/")
+    assert client.post("/jobs", content=spec, headers={**YAML, "Origin": own}).status_code == 201
+    assert client.get("/healthz", headers={"Authorization": ""}).status_code == 200
+
+
+def test_a_token_is_always_required(tmp_path):
+    manager = Manager(Store(tmp_path / "m.db"), tmp_path, runtime=FakeRuntime(), capacity=FakeCapacity())
     with pytest.raises(ConfigError, match="needs a token"):
-        check_bind("0.0.0.0", None)
+        create_app(manager, token="")
 
 
 def test_cli_talks_to_the_server(server, tmp_path, monkeypatch, capsys):
@@ -114,12 +148,16 @@ def test_cli_talks_to_the_server(server, tmp_path, monkeypatch, capsys):
 
 def test_limits_can_be_changed_and_are_validated(server):
     client, _ = server
-    assert client.post("/jobs", content=SPEC.format(name="lim")).status_code == 201
+    assert client.post("/jobs", content=SPEC.format(name="lim"), headers=YAML).status_code == 201
     r = client.patch("/jobs/lim", json={"workers": {"max": 6}})
     assert r.status_code == 200 and r.json()["spec"]["workers"] == {**r.json()["spec"]["workers"], "min": 1, "max": 6}
     r = client.patch("/jobs/lim", json={"workers": {"min": 5, "max": 2}})
     assert r.status_code == 400 and "field 'workers'" in r.json()["detail"]
     assert client.patch("/jobs/lim", json={"gpus": 3}).status_code == 400
+    r = client.patch("/jobs/lim", json={"workers": {"min": "abc"}})
+    assert r.status_code == 400 and "field 'workers.min'" in r.json()["detail"]
+    assert client.patch("/jobs/lim", json={"workers": {"min": True}}).status_code == 400
+    assert client.patch("/jobs/lim", json=[1]).status_code == 400
     assert client.patch("/jobs/none", json={"ps": {"max": 2}}).status_code == 404
     assert [e["kind"] for e in client.get("/events", params={"job": "lim"}).json()] == ["submitted", "limits"]
 
@@ -130,7 +168,7 @@ def test_logs_and_the_live_status_view(server, monkeypatch, capsys):
     from elasticps.runtime.reports import StepTimes
 
     client, manager = server
-    client.post("/jobs", content=SPEC.format(name="done"), headers={"Content-Type": "application/yaml"})
+    client.post("/jobs", content=SPEC.format(name="done"), headers=YAML)
     times = StepTimes(compute_s=0.004, pull_s=0.001, push_s=0.001, update_s=0.0005, wait_s=0.0)
     windows = [
         WindowReport(0, 9, 10, 640, 1.0, 640.0, 1.5, times, 1, 1),
@@ -144,7 +182,8 @@ def test_logs_and_the_live_status_view(server, monkeypatch, capsys):
         events=["resumed at step 0"],
     )  # fmt: skip
     manager.store.record_allocation("done", time.time(), 1, 2, {})
-    manager.store.set_state("done", "finished", time.time())
+    manager.store.transition("done", "running", time.time())
+    manager.store.transition("done", "finished", time.time())
     lines = client.get("/jobs/done/logs").json()
     assert [(line["step"], line["kind"]) for line in lines] == [
         (9, "window"),

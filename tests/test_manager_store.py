@@ -11,7 +11,7 @@ import time
 import pytest
 
 from elasticps import ConfigError
-from elasticps.manager import Store, parse_spec
+from elasticps.manager import IllegalTransition, Store, parse_spec
 
 GOOD = """
 name: digits-1
@@ -32,9 +32,18 @@ def test_a_good_spec_parses_with_defaults():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (GOOD.replace("digits-1", "Digits_1"), "field 'name': Value error, must be 1-63 lowercase"),
+        (GOOD.replace("digits-1", "Digits_1"), "field 'name': must be 1-63 lowercase"),
+        (GOOD.replace("digits-1", '"digits-1\\n"'), "field 'name': must be 1-63 lowercase"),
         (GOOD.replace("elasticps.examples.digits:program", "digits"), "field 'program': .*package.module:attr"),
-        (GOOD.replace("max: 4", "max: 0"), r"field 'workers': Value error, min \(1\) must be <= max \(0\)"),
+        (GOOD.replace("max: 4", "max: 0"), r"field 'workers': min \(1\) must be <= max \(0\)"),
+        (GOOD.replace("max: 2, cpu: 0.5", "min: 0, max: 0, cpu: 0.5"), "field 'ps': min must be >= 1"),
+        (GOOD.replace("min: 1, max: 4", "min: true, max: 4"), "field 'workers.min': Input should be a valid integer"),
+        (GOOD.replace("max: 4", "max: '4'"), "field 'workers.max': Input should be a valid integer"),
+        (GOOD + "args: {seed: .nan}\n", "field 'args.seed': must be a finite number"),
+        (GOOD.replace("cpu: 1", "cpu: 1, memory_gb: .inf"), "field 'workers.memory_gb': Input should be a finite"),
+        (GOOD + "args: {lr: &x 1, mom: *x}\n", "aliases are not allowed"),
+        ("[" * 3000 + "]" * 3000, "nested too deeply"),
+        ("x" * 70_000, "larger than"),
         (GOOD.replace("cpu: 0.5", "cpu: -1"), "field 'ps.cpu': Input should be greater than 0"),
         (GOOD + "colour: red\n", "field 'colour': Extra inputs are not permitted"),
         (GOOD.replace("objective: efficiency", "objective: fastest"), "field 'objective'"),
@@ -54,16 +63,31 @@ def test_store_round_trip_and_duplicate_names(tmp_path):
     assert rec.state == "pending" and rec.spec == spec
     with pytest.raises(ConfigError, match="already exists"):
         store.add_job(spec, now=11.0)
-    store.set_state("digits-1", "running", now=12.0)
+    store.transition("digits-1", "running", now=12.0)
     store.record_allocation("digits-1", 12.0, 1, 2, {"ps-0": "n1", "worker-0": "n1", "worker-1": "n2"})
     store.record_observation("digits-1", 20.0, 1, 2, 1234.5)
     assert store.get_job("digits-1").state == "running"
     assert store.allocations("digits-1")[0][3]["worker-1"] == "n2"
     assert store.observations("digits-1") == [(1, 2, 1234.5)]
-    assert [e[3] for e in store.events("digits-1")] == ["submitted"]
+    assert [e[3] for e in store.events("digits-1")] == ["submitted", "running"]
     assert [j.name for j in store.list_jobs(("running",))] == ["digits-1"]
-    with pytest.raises(ValueError, match="state must be one of"):
-        store.set_state("digits-1", "exploded", now=13.0)
+    with pytest.raises(ValueError, match="'exploded' is not a valid JobState"):
+        store.transition("digits-1", "exploded", now=13.0)
+    store.transition("digits-1", "cancelled", now=14.0)
+    with pytest.raises(IllegalTransition, match="is cancelled; it cannot become finished"):
+        store.transition("digits-1", "finished", now=15.0)
+    assert store.get_job("digits-1").state == "cancelled"  # the refused transition wrote nothing
+    assert [e[3] for e in store.events("digits-1")][-1] == "cancelled"
+
+
+def test_a_row_from_a_laxer_version_does_not_hide_the_others(tmp_path):
+    store = Store(tmp_path / "m.db")
+    store.add_job(parse_spec(GOOD), now=1.0)
+    store._write(  # what an older version let in: an infinite number
+        "INSERT INTO jobs(name, spec, state, submitted_at, updated_at) VALUES ('bad', ?, 'pending', 2, 2)",
+        ('{"name": "bad", "program": "a.b:c", "workers": {"memory_gb": Infinity}}',),
+    )
+    assert [j.name for j in store.list_jobs()] == ["digits-1"]
 
 
 WRITER = """

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from elasticps.manager.workdir import DEFAULT_WORKDIR
 from elasticps.tables import format_table
 
 POLICIES = ("static", "greedy", "optimus", "elastic")
@@ -164,43 +166,59 @@ def _print_table(results: dict) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
-    import os
     import threading
+
+    from elasticps.manager.workdir import RAY_TOKEN_FILE, WorkdirLock, api_token, secret_file
+
+    workdir = Path(args.workdir)
+    lock = WorkdirLock(workdir)  # one manager per workdir: a second one stops here
+    token = args.token or os.environ.get("ELASTICPS_TOKEN") or api_token(workdir)
+    embedded = args.ray_address in (None, "", "local")
+    if embedded:
+        # Ray's own token authentication for the cluster we start: its ports listen on every
+        # interface, so without it any host that reaches them could run code (docs/security.md).
+        # Set before Ray is imported: Ray reads it once.
+        secret_file(workdir, RAY_TOKEN_FILE)
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str((workdir / RAY_TOKEN_FILE).resolve())
+        os.environ.pop("RAY_AUTH_TOKEN", None)
 
     import uvicorn
 
     from elasticps.manager import Store
-    from elasticps.manager.api import check_bind, create_app
+    from elasticps.manager.api import LOOPBACK_HOSTS, create_app
     from elasticps.manager.service import Manager
     from elasticps.raycluster import ensure_ray
 
-    token = args.token or os.environ.get("ELASTICPS_TOKEN")
-    check_bind(args.host, token)
     ensure_ray(args.ray_address, num_cpus=args.num_cpus)
-    workdir = Path(args.workdir)
     options = {"rescale_cost_s": args.rescale_cost_s} if args.rescale_cost_s is not None else {}
+    allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
-        Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options
-    )
-    capacity = None
+        Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options,
+        allow_programs=allow,
+    )  # fmt: skip
     if args.kuberay:
         from elasticps.k8s.deploy import kuberay_growth
 
-        manager.growth, capacity = kuberay_growth(
+        # the capacity object watches Nodes and Pods; it lives as long as this call
+        manager.growth, _kube_capacity = kuberay_growth(
             args.kuberay, args.kuberay_namespace, args.kuberay_group, args.kubeconfig, on_change=manager.wake.set
         )
+    hosts = set(LOOPBACK_HOSTS) | set(args.allow_host or [])
+    if args.host not in ("0.0.0.0", "::"):
+        hosts.add(args.host)
     stop = threading.Event()
     loop = threading.Thread(target=manager.run, args=(args.interval_s, stop), name="elasticps-loop", daemon=True)
     loop.start()
     print(f"elasticps manager on http://{args.host}:{args.port} (state in {workdir})", flush=True)
+    print(f"dashboard: http://{args.host}:{args.port}/#token=<the token in {workdir / 'token'}>", flush=True)
     try:
-        uvicorn.run(create_app(manager, token), host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(create_app(manager, token, frozenset(hosts)), host=args.host, port=args.port, log_level="warning")
     finally:
         stop.set()
         loop.join(timeout=30)
         manager.shutdown()
-        if capacity is not None:
-            capacity.stop()
+        lock.release()
     return 0
 
 
@@ -262,8 +280,9 @@ def _print_logs(client: Any, name: str, follow: bool) -> None:
 
 def cmd_client(args: argparse.Namespace) -> int:
     from elasticps.manager.client import Client, ManagerError
+    from elasticps.manager.workdir import client_token
 
-    client = Client(args.url)
+    client = Client(args.url, token=client_token(args.token, args.workdir))
     try:
         if args.command == "submit":
             text = Path(args.spec).read_text()
@@ -277,6 +296,8 @@ def cmd_client(args: argparse.Namespace) -> int:
             print(json.dumps(client.job(args.name), indent=2))
         elif args.command == "cancel":
             print(f"{args.name}: {client.cancel(args.name)['state']}")
+        elif args.command == "retry":
+            print(f"{args.name}: {client.retry(args.name)['state']}")
         elif args.command == "logs":
             _print_logs(client, args.name, args.follow)
         elif args.command == "events":
@@ -330,10 +351,28 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
     train.set_defaults(func=cmd_train)
     server = sub.add_parser("server", help="run the configuration manager (REST API + control loop)")
-    server.add_argument("--workdir", default="elasticps-state", help="database and checkpoints go here")
+    server.add_argument(
+        "--workdir",
+        default=os.environ.get("ELASTICPS_WORKDIR", DEFAULT_WORKDIR),
+        help="database, checkpoints, API token and Ray token go here; one manager per workdir "
+        "(default $ELASTICPS_WORKDIR or elasticps-state)",
+    )
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8470)
-    server.add_argument("--token", help="required unless bound to loopback (or set ELASTICPS_TOKEN)")
+    server.add_argument(
+        "--token", help="the API's bearer token (default $ELASTICPS_TOKEN, else WORKDIR/token, made at first start)"
+    )
+    server.add_argument(
+        "--allow-programs",
+        metavar="MODULES",
+        help="comma-separated modules whose programs may run (and their submodules); default: any importable one",
+    )
+    server.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name clients may use besides loopback and --host (repeatable; '*' for any)",
+    )
     server.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     server.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
     server.add_argument("--interval-s", type=float, default=10.0, help="scheduling interval")
@@ -355,15 +394,21 @@ def build_parser() -> argparse.ArgumentParser:
         ("submit", "submit a job spec (YAML or JSON)"),
         ("status", "list jobs"),
         ("describe", "one job in full"),
-        ("cancel", "cancel a job"),
+        ("cancel", "cancel a job (final)"),
+        ("retry", "queue a failed job again (it resumes from its latest checkpoint)"),
         ("logs", "a job's progress log (windows, epochs, events)"),
         ("events", "events"),
     ]:
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--url", help="manager URL (default $ELASTICPS_URL or http://127.0.0.1:8470)")
+        c.add_argument("--token", help="bearer token (default $ELASTICPS_TOKEN, else the workdir's token file)")
+        c.add_argument(
+            "--workdir",
+            help="the manager's workdir, to read its token file (default $ELASTICPS_WORKDIR or elasticps-state)",
+        )
         if name == "submit":
             c.add_argument("spec")
-        elif name in ("describe", "cancel", "logs"):
+        elif name in ("describe", "cancel", "retry", "logs"):
             c.add_argument("name")
         if name == "logs":
             c.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")

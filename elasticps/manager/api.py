@@ -1,181 +1,285 @@
 """The manager's REST API (FastAPI; OpenAPI at ``/docs`` and ``/openapi.json``).
 
-- ``POST /jobs``: submit a spec (YAML, or JSON with ``Content-Type: application/json``);
+- ``POST /jobs``: submit a spec (``application/yaml`` or ``application/json``);
   400 names the bad field, 409 on a duplicate name.
-- ``GET /jobs``, ``GET /jobs/{name}``, ``DELETE /jobs/{name}`` (cancel),
-  ``PATCH /jobs/{name}`` (change min/max PS and workers).
-- ``GET /events?job=&after=``: events in order.
-- ``GET /metrics``: Prometheus text format.
-- ``GET /``: the dashboard (nodes, jobs' shapes over time, throughput, loss);
-  ``GET /api/overview`` its data.
+- ``GET /jobs``, ``GET /jobs/{name}``; ``DELETE /jobs/{name}`` cancels (idempotent,
+  final; 409 for a job that already finished or failed); ``PATCH /jobs/{name}``
+  changes min/max PS and workers; ``POST /jobs/{name}/retry`` queues a failed job again.
+- ``GET /jobs/{name}/logs``, ``GET /events?job=&after=``, ``GET /metrics``.
+- ``GET /``: the dashboard (``/#token=...``); ``GET /api/overview`` its data.
 
-Bound to 127.0.0.1 by default; on any other address a token is required and
-every request must carry ``Authorization: Bearer <token>``.
+The security boundary (docs/security.md): every request but ``/healthz`` and
+the static dashboard page carries ``Authorization: Bearer <token>``; the
+``Host`` must be one this server answers to and an ``Origin``, when sent, must
+be the server's own (no DNS rebinding, no cross-site requests); bodies are
+JSON or YAML only, at most :data:`MAX_SPEC_BYTES`; and nothing a request
+carries is imported or called in this process (the program is resolved in a
+Ray process of its own). Parsing and every call that may block run off the
+event loop. Every error is ``{"detail": "..."}`` with a 4xx status.
 """
 
 from __future__ import annotations
 
 import hmac
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
-from fastapi.responses import HTMLResponse, PlainTextResponse
-from pydantic import ValidationError
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from pydantic import BaseModel
 
-from elasticps.errors import ConfigError, ProgramError
+from elasticps.errors import ConfigError, ElasticPSError, ProgramError
 from elasticps.manager.service import Manager
-from elasticps.manager.spec import parse_spec
-from elasticps.manager.store import JobRecord
+from elasticps.manager.spec import MAX_SPEC_BYTES, JobSpec, LimitsPatch, parse_limits, parse_spec
+from elasticps.manager.states import IllegalTransition
+from elasticps.manager.store import STATES, JobRecord
 from elasticps.runtime import JobReport
 
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+BODY_TYPES = {"application/json": "json", "application/yaml": "yaml"}
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve on a non-loopback address without a token."""
-    if host not in LOOPBACK and not token:
-        raise ConfigError(
-            f"binding {host} needs a token (--token or ELASTICPS_TOKEN); only 127.0.0.1 is open without one"
-        )
+class Allocation(BaseModel):
+    at: float
+    num_ps: int
+    num_workers: int
+    placement: dict[str, str]
 
 
-def _job_json(rec: JobRecord, manager: Manager) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "name": rec.name,
-        "state": rec.state,
-        "submitted_at": rec.submitted_at,
-        "updated_at": rec.updated_at,
-        "spec": rec.spec.model_dump(),
-    }
+class Progress(BaseModel):
+    step: int
+    epoch: int
+    epochs: int
+    samples_per_s: float | None = None
+    loss: float | None = None
+    metric: float | None = None
+
+
+class JobOut(BaseModel):
+    name: str
+    state: Literal["pending", "running", "finished", "failed", "cancelled"]
+    submitted_at: float
+    updated_at: float
+    spec: JobSpec
+    allocation: Allocation | None = None
+    progress: Progress | None = None
+
+
+class EventOut(BaseModel):
+    id: int
+    at: float
+    job: str | None
+    kind: str
+    message: str
+
+
+class LogLine(BaseModel):
+    step: int | None
+    kind: Literal["window", "epoch", "event"]
+    text: str
+
+
+class ErrorOut(BaseModel):
+    detail: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 415)}
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {"requestBody": {"required": True, "content": {t: {"schema": schema} for t in BODY_TYPES}}}
+
+
+def _job_json(rec: JobRecord, manager: Manager) -> JobOut:
+    out = JobOut(
+        name=rec.name,
+        state=rec.state,  # type: ignore[arg-type]
+        submitted_at=rec.submitted_at,
+        updated_at=rec.updated_at,
+        spec=rec.spec,
+    )
     allocations = manager.store.allocations(rec.name)
     if allocations:
         at, p, w, placement = allocations[-1]
-        out["allocation"] = {"at": at, "num_ps": p, "num_workers": w, "placement": placement}
-    report = manager.report(rec.name)
-    if report is not None:
+        out.allocation = Allocation(at=at, num_ps=p, num_workers=w, placement=placement)
+    status = manager.statuses().get(rec.name)
+    report = manager.ended.get(rec.name) if status is None else None
+    if status is not None:
+        last = status.windows[-1] if status.windows else None
+        epochs = rec.info.epochs if rec.info else 0
+        out.progress = Progress(
+            step=status.step, epoch=status.epoch, epochs=epochs, samples_per_s=last.samples_per_s if last else None,
+            loss=last.loss if last else None, metric=status.metric,
+        )  # fmt: skip
+    elif report is not None:
         last = report.windows[-1] if report.windows else None
-        out["progress"] = {
-            "step": report.step,
-            "epoch": report.epoch,
-            "epochs": report.epochs,
-            "samples_per_s": last.samples_per_s if last else None,
-            "loss": last.loss if last else None,
-            "metric": report.epoch_reports[-1].metric if report.epoch_reports else None,
-        }
+        out.progress = Progress(
+            step=report.step, epoch=report.epoch, epochs=report.epochs,
+            samples_per_s=last.samples_per_s if last else None, loss=last.loss if last else None,
+            metric=report.epoch_reports[-1].metric if report.epoch_reports else None,
+        )  # fmt: skip
     return out
 
 
-def create_app(manager: Manager, token: str | None = None) -> FastAPI:
-    app = FastAPI(title="elasticps manager", version="0.1.0")
+def _http_error(exc: Exception, name: str | None = None) -> HTTPException:
+    """The one mapping from errors to statuses."""
+    if isinstance(exc, KeyError):
+        return HTTPException(404, f"no job named {name!r}")
+    if isinstance(exc, IllegalTransition):
+        return HTTPException(409, str(exc))
+    if isinstance(exc, ProgramError):
+        return HTTPException(400, f"job spec field 'program': {exc}")
+    if isinstance(exc, ConfigError):
+        return HTTPException(409 if "already exists" in str(exc) else 400, str(exc))
+    return HTTPException(400, str(exc))
+
+
+async def _read_body(request: Request) -> tuple[bytes, Literal["json", "yaml"]]:
+    """The body, if of an accepted type and at most MAX_SPEC_BYTES (else 415/413)."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    fmt = BODY_TYPES.get(ctype)
+    if fmt is None:
+        raise HTTPException(415, f"Content-Type must be one of {', '.join(BODY_TYPES)} (got {ctype or 'none'!r})")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_SPEC_BYTES:
+            raise HTTPException(413, f"body is larger than {MAX_SPEC_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks), fmt  # type: ignore[return-value]
+
+
+def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set[str] = LOOPBACK_HOSTS) -> FastAPI:
+    """The API. ``allowed_hosts``: names the ``Host`` header may carry (``"*"`` for any)."""
+    if not token:
+        raise ConfigError("the API needs a token")
+    app = FastAPI(title="elasticps manager", version="0.2.0")
+    any_host = "*" in allowed_hosts
+
+    @app.middleware("http")
+    async def boundary(request: Request, call_next: Any) -> Any:
+        host = urlsplit(f"//{request.headers.get('host', '')}").hostname or ""
+        if not any_host and host not in allowed_hosts:
+            return JSONResponse({"detail": f"Host {host!r} is not one this manager answers to"}, status_code=403)
+        origin = request.headers.get("origin")
+        if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
+            return JSONResponse({"detail": f"cross-origin request from {origin!r} refused"}, status_code=403)
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > MAX_SPEC_BYTES:
+            return JSONResponse({"detail": f"body is larger than {MAX_SPEC_BYTES} bytes"}, status_code=413)
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return JSONResponse({"detail": f"field '{where}': {first['msg']}"}, status_code=400)
 
     def auth(request: Request) -> None:
-        if token is None:
-            return
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
             raise HTTPException(status_code=401, detail="missing or wrong bearer token")
 
     deps = [Depends(auth)]
 
-    @app.post("/jobs", status_code=201, dependencies=deps)
-    async def submit(request: Request) -> dict[str, Any]:
-        body = (await request.body()).decode()
-        fmt = "json" if "json" in request.headers.get("content-type", "") else "yaml"
+    def job_or_404(name: str) -> JobRecord:
         try:
-            spec = parse_spec(body, fmt)  # type: ignore[arg-type]
-            rec = manager.submit(spec)
-        except ConfigError as exc:
-            status = 409 if "already exists" in str(exc) else 400
-            raise HTTPException(status_code=status, detail=str(exc)) from exc
-        except ProgramError as exc:
-            raise HTTPException(status_code=400, detail=f"job spec field 'program': {exc}") from exc
-        return _job_json(rec, manager)
+            return manager.store.get_job(name)
+        except KeyError:
+            raise HTTPException(404, f"no job named {name!r}") from None
 
-    @app.get("/jobs", dependencies=deps)
-    def list_jobs() -> list[dict[str, Any]]:
+    @app.post(
+        "/jobs", status_code=201, dependencies=deps, response_model=JobOut, responses=ERRORS,
+        openapi_extra=_body_schema(JobSpec),
+    )  # fmt: skip
+    async def submit(request: Request) -> JobOut:
+        """Submit a job spec (YAML or JSON)."""
+        body, fmt = await _read_body(request)
+
+        def work() -> JobOut:
+            try:
+                return _job_json(manager.submit(parse_spec(body, fmt)), manager)
+            except ElasticPSError as exc:
+                raise _http_error(exc) from exc
+
+        return await run_in_threadpool(work)
+
+    @app.get("/jobs", dependencies=deps, response_model=list[JobOut], responses=ERRORS)
+    def list_jobs() -> list[JobOut]:
         return [_job_json(r, manager) for r in manager.store.list_jobs()]
 
-    @app.get("/jobs/{name}", dependencies=deps)
-    def get_job(name: str) -> dict[str, Any]:
-        try:
-            return _job_json(manager.store.get_job(name), manager)
-        except KeyError:
-            raise HTTPException(status_code=404, detail=f"no job named {name!r}") from None
+    @app.get("/jobs/{name}", dependencies=deps, response_model=JobOut, responses=ERRORS)
+    def get_job(name: str) -> JobOut:
+        return _job_json(job_or_404(name), manager)
 
-    @app.delete("/jobs/{name}", dependencies=deps)
-    def cancel(name: str) -> dict[str, Any]:
+    @app.delete("/jobs/{name}", dependencies=deps, response_model=JobOut, responses=ERRORS)
+    def cancel(name: str) -> JobOut:
+        """Cancel: final and idempotent; 409 if the job already finished or failed."""
         try:
-            rec = manager.store.get_job(name)
-        except KeyError:
-            raise HTTPException(status_code=404, detail=f"no job named {name!r}") from None
-        if rec.state in ("finished", "failed", "cancelled"):
-            raise HTTPException(status_code=409, detail=f"job {name!r} has already {rec.state}")
-        manager.cancel(name)
-        return _job_json(manager.store.get_job(name), manager)
+            return _job_json(manager.cancel(name), manager)
+        except (KeyError, ElasticPSError) as exc:
+            raise _http_error(exc, name) from exc
 
-    @app.patch("/jobs/{name}", dependencies=deps)
-    def set_limits(name: str, body: dict[str, Any]) -> dict[str, Any]:
+    @app.post("/jobs/{name}/retry", dependencies=deps, response_model=JobOut, responses=ERRORS)
+    def retry(name: str) -> JobOut:
+        """Queue a failed job again; it resumes from its latest intact checkpoint."""
+        try:
+            return _job_json(manager.retry(name), manager)
+        except (KeyError, ElasticPSError) as exc:
+            raise _http_error(exc, name) from exc
+
+    @app.patch(
+        "/jobs/{name}", dependencies=deps, response_model=JobOut, responses=ERRORS,
+        openapi_extra=_body_schema(LimitsPatch),
+    )  # fmt: skip
+    async def set_limits(name: str, request: Request) -> JobOut:
         """Change min/max: ``{"ps": {"min": 1, "max": 2}, "workers": {"min": 1, "max": 4}}``."""
-        unknown = set(body) - {"ps", "workers"}
-        if unknown:
-            raise HTTPException(status_code=400, detail=f"job limits field '{sorted(unknown)[0]}': not a limit")
-        try:
-            rec = manager.store.get_job(name)
-        except KeyError:
-            raise HTTPException(status_code=404, detail=f"no job named {name!r}") from None
-        limits = {}
-        for kind in ("ps", "workers"):
-            if kind in body:
-                cur = getattr(rec.spec, kind)
-                part = body[kind] if isinstance(body[kind], dict) else {}
-                limits[kind] = (int(part.get("min", cur.min)), int(part.get("max", cur.max)))
-        try:
-            rec = manager.set_limits(name, limits.get("ps"), limits.get("workers"))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "spec"
-            raise HTTPException(status_code=400, detail=f"job spec field '{where}': {first['msg']}") from exc
-        return _job_json(rec, manager)
+        body, fmt = await _read_body(request)
 
-    @app.get("/jobs/{name}/logs", dependencies=deps)
+        def work() -> JobOut:
+            try:
+                return _job_json(manager.set_limits(name, parse_limits(body, fmt)), manager)
+            except (KeyError, ElasticPSError) as exc:
+                raise _http_error(exc, name) from exc
+
+        return await run_in_threadpool(work)
+
+    @app.get("/jobs/{name}/logs", dependencies=deps, response_model=list[LogLine], responses=ERRORS)
     def logs(name: str, after_step: int = -1) -> list[dict[str, Any]]:
         """The job's progress as log lines (windows, epochs, runtime events) from
         this manager's run of it; ``after_step`` keeps the lines after that step."""
-        try:
-            manager.store.get_job(name)
-        except KeyError:
-            raise HTTPException(status_code=404, detail=f"no job named {name!r}") from None
+        job_or_404(name)
         report = manager.report(name)
         return [] if report is None else job_log_lines(report, after_step)
 
-    @app.get("/events", dependencies=deps)
-    def events(job: str | None = None, after: int = 0) -> list[dict[str, Any]]:
-        return [
-            {"id": i, "at": at, "job": j, "kind": kind, "message": msg}
-            for i, at, j, kind, msg in manager.store.events(job, after)
-        ]
+    @app.get("/events", dependencies=deps, response_model=list[EventOut], responses=ERRORS)
+    def events(job: str | None = None, after: int = Query(0, ge=0)) -> list[EventOut]:
+        rows = manager.store.events(job, after)
+        return [EventOut(id=i, at=at, job=j, kind=kind, message=msg) for i, at, j, kind, msg in rows]
 
     @app.get("/metrics", response_class=PlainTextResponse, dependencies=deps)
-    def metrics() -> Response:
+    def metrics() -> PlainTextResponse:
         lines = ["# HELP elasticps_jobs Jobs by state.", "# TYPE elasticps_jobs gauge"]
         counts: dict[str, int] = {}
         for rec in manager.store.list_jobs():
             counts[rec.state] = counts.get(rec.state, 0) + 1
-        for state in ("pending", "running", "finished", "failed", "cancelled"):
-            lines.append(f'elasticps_jobs{{state="{state}"}} {counts.get(state, 0)}')
+        lines += [f'elasticps_jobs{{state="{state}"}} {counts.get(state, 0)}' for state in STATES]
+        statuses = sorted(manager.statuses().items())
         lines += ["# HELP elasticps_job_tasks Tasks of a running job.", "# TYPE elasticps_job_tasks gauge"]
+        for name, st in statuses:
+            lines.append(f'elasticps_job_tasks{{job="{name}",kind="ps"}} {st.num_ps}')
+            lines.append(f'elasticps_job_tasks{{job="{name}",kind="worker"}} {st.num_workers}')
         lines += [
             "# HELP elasticps_job_samples_per_second Latest throughput.",
             "# TYPE elasticps_job_samples_per_second gauge",
         ]
-        for name, live in sorted(manager.live.items()):
-            c = live.controller
-            lines.append(f'elasticps_job_tasks{{job="{name}",kind="ps"}} {len(c.ps)}')
-            lines.append(f'elasticps_job_tasks{{job="{name}",kind="worker"}} {len(c.workers)}')
-            report = c.report()
-            if report.windows:
-                lines.append(f'elasticps_job_samples_per_second{{job="{name}"}} {report.windows[-1].samples_per_s:.3f}')
+        for name, st in statuses:
+            if st.windows:
+                lines.append(f'elasticps_job_samples_per_second{{job="{name}"}} {st.windows[-1].samples_per_s:.3f}')
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")

@@ -51,6 +51,9 @@ class Client:
     def cancel(self, name: str) -> dict[str, Any]:
         return self._call("DELETE", f"/jobs/{name}")
 
+    def retry(self, name: str) -> dict[str, Any]:
+        return self._call("POST", f"/jobs/{name}/retry")
+
     def events(self, job: str | None = None, after: int = 0) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"after": after}
         if job:

@@ -1,15 +1,30 @@
-"""The configuration manager's control loop (a Ray driver).
+"""The configuration manager's control loop.
 
-A job the store says is running but that has no controller here (the
-manager was killed and restarted) is started again from its latest
-checkpoint: its old tasks died with the old driver.
+One owner for each part of a job's state:
 
-Every round (``step``): read the jobs' progress reports and record an
-observation of each running job's speed at its shape; refit its speed model
-from the stored observations; read the nodes' capacity and other tenants' use
-from Ray; run the policy and placement (the same code as the simulator); start
-admitted jobs, rescale running ones whose shape or placement changed, and mark
-finished or failed ones. Everything it decides is written to the store first.
+- the **store** holds what users asked (spec, limits), the job's state (moved
+  only through :mod:`elasticps.manager.states`), and what the scheduler wants
+  of it (``desired``);
+- the **runtime** (a :class:`JobRuntime`) says what the job actually runs: the
+  allocation is recorded when a poll shows a shape applied, never when it is
+  merely asked for.
+
+API calls are commands: each takes the manager's one lock, writes its durable
+effect (a new job, a cancel, new limits) to the store, and wakes the loop;
+whatever must happen to running tasks (stopping a cancelled job) is queued
+for the loop, which drains the queue. A round holds the same lock, so a
+round never sees half a command, and a cancelled job is never started again:
+its state in the store is final.
+
+Every round (``step``): poll each running job (new windows become speed
+observations, runtime events become stored events, an ended job gets its
+final state); refit speed models; read capacity; run the policy and
+placement (the same code as the simulator); start admitted jobs and ask
+running ones for new shapes. One job's failure to start or rescale is an
+event, not the end of the round.
+
+A job the store says is running but that has no handle here (the manager was
+killed and restarted) is started again from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -17,23 +32,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from elasticps.errors import ConfigError
-from elasticps.manager.capacity import capacity_change, capacity_signature, ray_cluster_view, ray_hostnames
-from elasticps.manager.spec import JobSpec, TaskSpec
-from elasticps.manager.store import JobRecord, Store
+from elasticps.errors import ElasticPSError, JobEndedError, ProgramError
+from elasticps.manager.capacity import capacity_change, capacity_signature
+from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, JobStatus, Launch, ProgramInfo
+from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
+from elasticps.manager.states import ACTIVE, IllegalTransition, JobState
+from elasticps.manager.store import JobRecord, Retention, Store
 from elasticps.placement import place
-from elasticps.program import load_program
-from elasticps.runtime import JobConfig, JobController, JobReport, TaskResources
+from elasticps.runtime import JobConfig, JobReport, TaskResources
 from elasticps.sched import ClusterView, JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
+from elasticps.sched.fit import fit_problem
 from elasticps.sched.policies.base import Policy
 from elasticps.sched.types import total_of
 
 log = logging.getLogger("elasticps.manager")
+
+#: Starts that may fail in a row before a job is failed.
+MAX_START_FAILURES = 3
+#: Rounds between two prunings of old events and observations.
+PRUNE_EVERY_ROUNDS = 50
 
 
 class ClusterGrowth(Protocol):
@@ -54,11 +77,27 @@ class ClusterGrowth(Protocol):
 
 @dataclass
 class _Live:
-    controller: JobController
-    thread: threading.Thread
-    shape: tuple[int, int]
-    placement: dict[str, str] = field(default_factory=dict)
-    seen_windows: int = 0
+    """A job with a handle here: what was asked of it, and what it last said."""
+
+    handle: JobHandle
+    asked: tuple[int, int]
+    asked_placement: dict[str, str]
+    status: JobStatus | None = None
+    last_step: int = -1  # windows up to this step are recorded as observations
+    events_seen: int = 0  # runtime events already stored
+    applied: tuple[int, int, dict] | None = None  # the allocation last recorded
+
+
+def check_allowed(program: str, allowed: tuple[str, ...] | None) -> None:
+    """ProgramError unless ``program``'s module is one of ``allowed`` or inside one of them."""
+    if allowed is None:
+        return
+    module = program.partition(":")[0]
+    if not any(module == a or module.startswith(a + ".") for a in allowed):
+        raise ProgramError(
+            f"program {program!r} is not allowed: this manager runs programs from {', '.join(allowed)} only "
+            "(--allow-programs)"
+        )
 
 
 class Manager:
@@ -73,93 +112,130 @@ class Manager:
         report_interval_s: float = 2.0,
         growth: ClusterGrowth | None = None,
         policy_options: dict[str, Any] | None = None,
+        runtime: JobRuntime | None = None,
+        capacity: CapacitySource | None = None,
+        allow_programs: tuple[str, ...] | None = None,
+        retention: Retention | None = None,
+        max_ended_reports: int = 200,
     ) -> None:
+        if runtime is None or capacity is None:
+            from elasticps.manager.ray_runtime import RayCapacity, RayJobRuntime
+
+            runtime = runtime or RayJobRuntime()
+            capacity = capacity or RayCapacity()
         self.store = store
         self.workdir = Path(workdir)
+        self.runtime = runtime
+        self.capacity = capacity
         # e.g. {"rescale_cost_s": 1.0}: what a rescale costs the elastic policy (see docs/scheduler.md)
         self.policy = make_policy(policy, objective=objective, **(policy_options or {}))
         self.placement_method = placement
         self.clock = clock
         self.report_interval_s = report_interval_s
+        self.allow_programs = allow_programs
+        self.retention = retention or Retention()
         self.state = PolicyState()
         self.growth = growth
         self.live: dict[str, _Live] = {}
         self.wake = threading.Event()  # an event worth a round now (submission, finish, limits)
-        self.ended: dict[str, JobReport] = {}  # last report of each job that ended while this manager ran
-        self.samples_per_epoch: dict[str, int] = {}
+        self.ended: OrderedDict[str, JobReport] = OrderedDict()  # final reports of jobs that ended here
+        self._max_ended = max_ended_reports
+        self._lock = threading.RLock()  # commands and rounds, one at a time
+        self._to_close: list[tuple[str, _Live]] = []  # handles to stop and release, drained by the loop
+        self._start_failures: dict[str, int] = {}
+        self._unfit: dict[str, str] = {}  # the "cannot fit" message last stored per job
+        self._rounds = 0
 
-    # -- API
+    # -- commands (from the API's threads)
     def submit(self, spec: JobSpec) -> JobRecord:
-        load_program(spec.program, spec.args)  # fail now, with a clear error, if it cannot be imported
-        rec = self.store.add_job(spec, self.clock())
+        """Store a new job; its program is resolved first, outside this process."""
+        check_allowed(spec.program, self.allow_programs)
+        info = self.runtime.describe(spec)
+        with self._lock:
+            rec = self.store.add_job(spec, self.clock(), info)
         self.wake.set()
         return rec
 
-    def set_limits(self, name: str, ps: tuple[int, int] | None, workers: tuple[int, int] | None) -> JobRecord:
+    def set_limits(self, name: str, patch: LimitsPatch) -> JobRecord:
         """Change a job's min/max PS and workers; the next round honours them."""
-        rec = self.store.get_job(name)
-        update: dict = {}
-        if ps is not None:
-            update["ps"] = rec.spec.ps.model_copy(update={"min": ps[0], "max": ps[1]})
-        if workers is not None:
-            update["workers"] = rec.spec.workers.model_copy(update={"min": workers[0], "max": workers[1]})
-        spec = JobSpec.model_validate({**rec.spec.model_dump(), **{k: v.model_dump() for k, v in update.items()}})
-        now = self.clock()
-        self.store.update_spec(spec, now)
-        self.store.add_event(
-            now, name, "limits", f"PS {spec.ps.min}..{spec.ps.max}, workers {spec.workers.min}..{spec.workers.max}"
-        )
+        with self._lock:
+            rec = self.store.get_job(name)
+            if JobState(rec.state).ended:
+                raise IllegalTransition(name, JobState(rec.state), JobState(rec.state))
+            update: dict[str, Any] = {}
+            for kind in ("ps", "workers"):
+                part = getattr(patch, kind)
+                if part is not None:
+                    cur: TaskSpec = getattr(rec.spec, kind)
+                    update[kind] = {**cur.model_dump(), **part.model_dump(exclude_none=True)}
+            spec: JobSpec = validate_as(JobSpec, {**rec.spec.model_dump(), **update}, "job spec")
+            now = self.clock()
+            self.store.update_spec(spec, now)
+            self.store.add_event(
+                now, name, "limits", f"PS {spec.ps.min}..{spec.ps.max}, workers {spec.workers.min}..{spec.workers.max}"
+            )
+            rec = self.store.get_job(name)
         self.wake.set()
-        return self.store.get_job(name)
+        return rec
 
-    def cancel(self, name: str) -> None:
-        now = self.clock()
-        live = self.live.pop(name, None)
-        if live is not None:
-            live.controller.stop()
-            live.thread.join(timeout=60)
-            live.controller.shutdown()
-        self.store.set_state(name, "cancelled", now)
-        self.store.add_event(now, name, "cancelled", f"job {name} cancelled")
+    def cancel(self, name: str) -> JobRecord:
+        """Cancel for good (idempotent). The job's tasks stop within a round;
+        no later round starts it again, and no late report overwrites it."""
+        with self._lock:
+            rec = self.store.get_job(name)
+            if rec.state == JobState.CANCELLED:
+                return rec
+            rec = self.store.transition(name, JobState.CANCELLED, self.clock(), f"job {name} cancelled")
+            live = self.live.pop(name, None)
+            if live is not None:
+                self._to_close.append((name, live))
+        self.wake.set()
+        return rec
+
+    def retry(self, name: str) -> JobRecord:
+        """Queue a failed job again; it resumes from its latest intact checkpoint."""
+        with self._lock:
+            rec = self.store.transition(
+                name, JobState.PENDING, self.clock(), f"job {name} retried: it resumes from its latest checkpoint",
+                kind="retry",
+            )  # fmt: skip
+            self._start_failures.pop(name, None)
+        self.wake.set()
+        return rec
 
     def shutdown(self) -> None:
-        for live in self.live.values():
-            live.controller.stop()
-        for live in self.live.values():
-            live.thread.join(timeout=60)
-            live.controller.shutdown()
-        self.live.clear()
+        with self._lock:
+            closing = list(self.live.items()) + self._to_close
+            self.live.clear()
+            self._to_close = []
+        for _, live in closing:
+            live.handle.stop()
+        for _, live in closing:
+            live.handle.close()
 
     # -- the loop
     def step(self) -> dict[str, tuple[int, int]]:
-        now = self.clock()
-        self._collect(now)
-        records = self.store.list_jobs(("pending", "running"))
-        views = [self._view(r) for r in records]
-        cluster = ray_cluster_view(self._ours())
-        decision, self.state = self.policy.decide(views, cluster, self.state)
-        current = {n: live.placement for n, live in self.live.items()}
-        placed = place(views, decision, cluster, current, self.placement_method)
-        for rec in records:
-            shape = decision.get(rec.name)
-            placement = placed.placement.get(rec.name)
-            if shape is None or placement is None:
-                continue
-            live = self.live.get(rec.name)
-            if live is None:
-                self._start(rec, shape, placement, now)
-            elif shape != live.shape or placement != live.placement:
-                try:
-                    live.controller.rescale(*shape, placement=placement)
-                except ConfigError:
-                    if live.controller.state in ("finished", "failed"):
-                        continue  # it ended since this round read its report; the next round retires it
-                    raise
-                live.shape, live.placement = shape, placement
-                self.store.record_allocation(rec.name, now, *shape, placement)
-                self.store.add_event(now, rec.name, "rescale", f"rescale to {shape[0]} PS x {shape[1]} workers")
-        if self.growth is not None:
-            self._grow(views, cluster, current, now)
+        self._drain()
+        with self._lock:
+            now = self.clock()
+            self._collect(now)
+            records = self.store.list_jobs(ACTIVE)
+            views = [v for v in (self._view(r, now) for r in records) if v is not None]
+            cluster = self.capacity.view(self._ours())
+            self._note_unfit(views, cluster, now)
+            decision, self.state = self.policy.decide(views, cluster, self.state)
+            current = {n: live.asked_placement for n, live in self.live.items()}
+            placed = place(views, decision, cluster, current, self.placement_method)
+            for rec in records:
+                shape, placement = decision.get(rec.name), placed.placement.get(rec.name)
+                if shape is not None and placement is not None:
+                    self._apply(rec, shape, placement, now)
+            if self.growth is not None:
+                self._grow(views, cluster, current, now)
+            self._rounds += 1
+            if self._rounds % PRUNE_EVERY_ROUNDS == 1:
+                self.store.prune(self.retention)
+        self._drain()
         return decision
 
     def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0, settle_s: float = 3.0) -> None:
@@ -167,10 +243,11 @@ class Manager:
         job is submitted or ends, limits change, a node joins or leaves, or
         another tenant takes or frees room.
 
-        Ray accounts for tasks we start or stop a moment after we do (over a
-        second when several start on a busy machine), so for ``settle_s`` after
-        a round capacity is not compared; then it is compared with what it was
-        before the round, and only others' changes remain.
+        The engine accounts for tasks we start or stop a moment after we do
+        (over a second when several start on a busy machine), so for
+        ``settle_s`` after a round capacity is not compared; then it is
+        compared with what it was before the round, and only others' changes
+        remain.
         """
         last_round = float("-inf")
         settled_at = float("-inf")
@@ -180,13 +257,16 @@ class Manager:
             woken = self.wake.is_set()
             self.wake.clear()
             try:
-                woken = self._collect(self.clock()) or woken
-                if not (due or woken) and time.monotonic() >= settled_at:
-                    change = capacity_change(seen, now := capacity_signature(ray_cluster_view(self._ours())))
-                    seen = now
-                    if change:
-                        self.store.add_event(self.clock(), None, "capacity", change)
-                        woken = True
+                self._drain()
+                with self._lock:
+                    woken = self._collect(self.clock()) or woken
+                    if not (due or woken) and time.monotonic() >= settled_at:
+                        now_sig = capacity_signature(self.capacity.view(self._ours()))
+                        change = capacity_change(seen, now_sig)
+                        seen = now_sig
+                        if change:
+                            self.store.add_event(self.clock(), None, "capacity", change)
+                            woken = True
                 if due or woken:
                     last_round = time.monotonic()
                     self.step()
@@ -197,28 +277,42 @@ class Manager:
 
     def report(self, name: str) -> JobReport | None:
         """The job's report: live if it runs here, else its last one if it ended while this manager ran."""
-        live = self.live.get(name)
-        return live.controller.report() if live is not None else self.ended.get(name)
+        with self._lock:
+            live = self.live.get(name)
+        if live is not None:
+            try:
+                return live.handle.report()
+            except ElasticPSError:
+                return None
+        return self.ended.get(name)
+
+    def statuses(self) -> dict[str, JobStatus]:
+        """The last poll of every job running here."""
+        with self._lock:
+            return {n: live.status for n, live in self.live.items() if live.status is not None}
 
     def overview(self) -> dict:
         """What the dashboard shows: nodes (CPU used by jobs, by others, free) and
         jobs (tasks over time, throughput over time, loss by step)."""
-        import ray
-
         nodes = []
-        if ray.is_initialized():
+        with self._lock:
             ours = self._ours()
-            for n in ray_cluster_view(ours).nodes:
-                jobs_cpu = ours.get(n.name, Resources()).cpu
-                nodes.append(
-                    {
-                        "id": n.name,
-                        "cpu": n.capacity.cpu,
-                        "jobs_cpu": round(jobs_cpu, 2),
-                        "others_cpu": round(n.used_by_others.cpu, 2),
-                        "free_cpu": round(max(0.0, n.capacity.cpu - jobs_cpu - n.used_by_others.cpu), 2),
-                    }
-                )
+        try:
+            view = self.capacity.view(ours)
+        except Exception as exc:  # no cluster to read (not connected yet, or gone)
+            log.debug("no capacity to show: %s", exc)
+            view = ClusterView(())
+        for n in view.nodes:
+            jobs_cpu = ours.get(n.name, Resources()).cpu
+            nodes.append(
+                {
+                    "id": n.name,
+                    "cpu": n.capacity.cpu,
+                    "jobs_cpu": round(jobs_cpu, 2),
+                    "others_cpu": round(n.used_by_others.cpu, 2),
+                    "free_cpu": round(max(0.0, n.capacity.cpu - jobs_cpu - n.used_by_others.cpu), 2),
+                }
+            )
         jobs = []
         for rec in self.store.list_jobs():
             allocs = self.store.allocations(rec.name)
@@ -240,7 +334,28 @@ class Manager:
             )
         return {"nodes": nodes, "jobs": jobs}
 
-    # -- helpers
+    # -- helpers (called with the lock held, except _drain)
+    def _apply(self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float) -> None:
+        live = self.live.get(rec.name)
+        try:
+            if live is None:
+                self._start(rec, shape, placement, now)
+            elif shape != live.asked or placement != live.asked_placement:
+                live.handle.rescale(*shape, placement)
+                live.asked, live.asked_placement = shape, placement
+                self.store.set_desired(rec.name, shape)
+                self.store.add_event(now, rec.name, "rescale", f"rescale to {shape[0]} PS x {shape[1]} workers")
+        except JobEndedError:
+            pass  # it ended since this round polled it; the next poll retires it
+        except ElasticPSError as exc:  # this job's trouble; the round goes on for the others
+            verb = "start" if live is None else f"rescale to {shape[0]}x{shape[1]}"
+            log.warning("job %s: could not %s: %s", rec.name, verb, exc)
+            self.store.add_event(now, rec.name, "error", f"could not {verb}: {exc}")
+            if live is None:
+                failures = self._start_failures[rec.name] = self._start_failures.get(rec.name, 0) + 1
+                if failures >= MAX_START_FAILURES:
+                    self._finish_state(rec.name, JobState.FAILED, now, f"job failed: {failures} starts failed: {exc}")
+
     def _start(self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float) -> None:
         spec = rec.spec
         config = JobConfig(
@@ -251,22 +366,90 @@ class Manager:
             ps_resources=_task_resources(spec.ps),
             worker_resources=_task_resources(spec.workers),
         )
-        controller = JobController(load_program(spec.program, spec.args), config, *shape, placement=placement)
-        thread = controller.run_in_thread()
-        self.live[rec.name] = _Live(controller, thread, shape, placement)
-        restarted = rec.state == "running"  # running in the store, not here: the manager was restarted
-        self.store.set_state(rec.name, "running", now)
-        self.store.record_allocation(rec.name, now, *shape, placement)
-        verb = "restarted from its latest checkpoint" if restarted else "started"
-        self.store.add_event(now, rec.name, "started", f"{verb} with {shape[0]} PS x {shape[1]} workers")
+        launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement))
+        handle = self.runtime.start(launch)
+        self.live[rec.name] = _Live(handle, shape, dict(placement))
+        self._start_failures.pop(rec.name, None)
+        self.store.set_desired(rec.name, shape)
+        with_shape = f"with {shape[0]} PS x {shape[1]} workers"
+        if rec.state == JobState.RUNNING:  # running in the store, not here: the manager was restarted
+            self.store.add_event(now, rec.name, "started", f"restarted from its latest checkpoint {with_shape}")
+        else:
+            self.store.transition(rec.name, JobState.RUNNING, now, f"started {with_shape}", kind="started")
+
+    def _collect(self, now: float) -> bool:
+        """Poll every job here: record new speed observations, store runtime
+        events, record applied allocations, retire jobs that ended (True if one did).
+
+        A job's first measurement at a new shape does not start a round: the
+        job measured first would explore first and take the room that others,
+        measured a moment later, would have shared (tried in the demo: their
+        completion times got worse). Exploration moves at the interval."""
+        news = False
+        for name, live in list(self.live.items()):
+            try:
+                st = live.handle.poll(live.last_step, live.events_seen)
+            except ElasticPSError as exc:  # the job's driver is gone: nothing of it runs any more
+                self._retire(name, live, JobState.FAILED, now, f"job failed: {exc}")
+                news = True
+                continue
+            live.status = st
+            for w in st.windows:
+                if w.last_step > live.last_step:
+                    self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
+                    live.last_step = w.last_step
+            for text in st.events:
+                self.store.add_event(now, name, _event_kind(text), text)
+            live.events_seen = st.events_total
+            applied = (st.num_ps, st.num_workers, st.placement)
+            if st.state == "running" and st.num_ps and applied != live.applied:
+                self.store.record_allocation(name, now, *applied)
+                live.applied = applied
+            if st.ended:
+                if st.state == "finished":
+                    self._retire(name, live, JobState.FINISHED, now, "job finished")
+                elif st.state == "failed":
+                    self._retire(name, live, JobState.FAILED, now, f"job failed: {st.error}")
+                else:  # stopped without being cancelled: start it again from its checkpoint
+                    self.live.pop(name)
+                    self._to_close.append((name, live))
+                news = True  # its room is free
+        return news
+
+    def _retire(self, name: str, live: _Live, state: JobState, now: float, message: str) -> None:
+        self.live.pop(name, None)
+        self._to_close.append((name, live))
+        self._finish_state(name, state, now, message)
+
+    def _finish_state(self, name: str, state: JobState, now: float, message: str) -> None:
+        try:
+            self.store.transition(name, state, now, message)
+        except IllegalTransition as exc:  # e.g. cancelled meanwhile: the cancel stands
+            log.info("%s", exc)
+
+    def _drain(self) -> None:
+        """Stop and release the handles queued by commands and retirements
+        (outside the lock: releasing tasks takes a while)."""
+        with self._lock:
+            closing, self._to_close = self._to_close, []
+        for name, live in closing:
+            live.handle.stop()
+            try:
+                self.ended[name] = live.handle.report()
+                while len(self.ended) > self._max_ended:
+                    self.ended.popitem(last=False)
+            except ElasticPSError:
+                pass  # its driver is gone with its report
+            live.handle.close()
 
     def _grow(self, views: list[JobView], cluster: ClusterView, current: dict, now: float) -> None:
         """Ask for more Ray nodes (or fewer) when the jobs could use them."""
         assert self.growth is not None
         try:
             plan = self.growth.reconcile(
-                self.policy, views, cluster, self.state, self._ours(), ray_hostnames(), current, self.placement_method
-            )
+                self.policy, views, cluster, self.state, self._ours(), self.capacity.hostnames(), current,
+                self.placement_method,
+            )  # fmt: skip
         except Exception as exc:  # the jobs keep running on the nodes there are
             log.warning("resizing the Ray cluster failed: %s", exc)
             self.store.add_event(now, None, "growth", f"could not resize the Ray cluster: {exc}")
@@ -275,47 +458,45 @@ class Manager:
             gone = f"; removing {', '.join(plan.workers_to_delete)}" if plan.workers_to_delete else ""
             self.store.add_event(now, None, "growth", f"Ray worker pods -> {plan.replicas} ({plan.reason}){gone}")
 
-    def _collect(self, now: float) -> bool:
-        """Record new speed observations; retire jobs that ended (True if one did).
+    def _note_unfit(self, views: list[JobView], cluster: ClusterView, now: float) -> None:
+        """Store once why a waiting job can never run here (and again if the reason changes)."""
+        for view in views:
+            if view.current is not None:
+                continue
+            problem = fit_problem(view, cluster)
+            if problem and self._unfit.get(view.id) != problem:
+                self.store.add_event(now, view.id, "unfit", problem)
+            if problem:
+                self._unfit[view.id] = problem
+            else:
+                self._unfit.pop(view.id, None)
 
-        A job's first measurement at a new shape does not start a round: the
-        job measured first would explore first and take the room that others,
-        measured a moment later, would have shared (tried in the demo: their
-        completion times got worse). Exploration moves at the interval."""
-        news = False
-        for name, live in list(self.live.items()):
-            report = live.controller.report()
-            for w in report.windows[live.seen_windows :]:
-                self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
-            live.seen_windows = len(report.windows)
-            per_epoch = live.controller.samples_per_epoch()
-            if per_epoch is not None:
-                self.samples_per_epoch[name] = per_epoch
-            if report.state in ("finished", "failed") and not live.thread.is_alive():
-                self.ended[name] = report
-                self.store.set_state(name, report.state, now)
-                self.store.add_event(
-                    now, name, report.state, f"job {report.state}" + (f": {report.error}" if report.error else "")
-                )
-                live.controller.shutdown()
-                del self.live[name]
-                news = True  # its room is free
-        return news
+    def _info(self, rec: JobRecord, now: float) -> ProgramInfo | None:
+        if rec.info is not None:
+            return rec.info
+        try:  # a job stored by an older version, before programs were described at submission
+            info = self.runtime.describe(rec.spec)
+        except ElasticPSError as exc:
+            self._finish_state(rec.name, JobState.FAILED, now, f"job failed: {exc}")
+            return None
+        self.store.set_info(rec.name, info)
+        return info
 
-    def _view(self, rec: JobRecord) -> JobView:
+    def _view(self, rec: JobRecord, now: float) -> JobView | None:
+        info = self._info(rec, now)
+        if info is None:
+            return None
         spec = rec.spec
-        program = load_program(spec.program, spec.args)
         live = self.live.get(rec.name)
-        model = SpeedModel(program.batch_size, spec.mode).fit(
+        model = SpeedModel(info.batch_size, spec.mode).fit(
             [Observation(p, w, s) for p, w, s in self.store.observations(rec.name)]
         )
         current = None
-        remaining = float(program.epochs * self.samples_per_epoch.get(rec.name, program.batch_size * 100))
+        remaining = float(info.epochs * info.samples_per_epoch)
         if live is not None:
-            current = live.shape  # asked for; the controller switches at its next step boundary
-            left = live.controller.remaining_samples()
-            if left is not None:
-                remaining = float(max(1, left))
+            current = live.asked  # asked for; the job switches at its next step boundary
+            if live.status is not None and live.status.remaining_samples is not None:
+                remaining = float(max(1, live.status.remaining_samples))
         min_ps, min_w = spec.ps.min, spec.workers.min
         max_ps, max_w = spec.ps.max, spec.workers.max
         explore = None
@@ -328,8 +509,8 @@ class Manager:
         return JobView(
             id=rec.name,
             speed=model.predict,
-            min_ps=max(1, min_ps),
-            max_ps=max(1, max_ps),
+            min_ps=min_ps,
+            max_ps=max_ps,
             min_workers=min_w,
             max_workers=max_w,
             ps_resources=Resources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_gb=spec.ps.memory_gb),
@@ -338,20 +519,32 @@ class Manager:
             current=current,
             objective=spec.objective,
             arrival=rec.submitted_at,
-            waited_s=self.clock() - rec.submitted_at if live is None else 0.0,
+            waited_s=now - rec.submitted_at if live is None else 0.0,
             explore=explore,
         )
 
     def _ours(self) -> dict[str, Resources]:
+        """What our jobs hold per node: what was asked, and what they still hold while they switch."""
         per_node: dict[str, list[Resources]] = {}
         for name, live in self.live.items():
-            spec = self.store.get_job(name).spec
-            # What the manager asked for, and what the job still holds while it switches.
-            held = live.controller.placement().items() | live.controller.starting().items()
-            for task, node in held | live.placement.items():
+            try:
+                spec = self.store.get_job(name).spec
+            except KeyError:
+                continue
+            held = dict(live.status.held) if live.status is not None else {}
+            for task, node in held.items() | live.asked_placement.items():
                 kind = spec.ps if task.startswith("ps-") else spec.workers
                 per_node.setdefault(node, []).append(Resources(cpu=kind.cpu, gpu=kind.gpu, memory_gb=kind.memory_gb))
         return {n: total_of(rs) for n, rs in per_node.items()}
+
+
+def _event_kind(text: str) -> str:
+    """The stored kind of a runtime event: task and node losses stand out."""
+    if "died" in text or "is gone" in text:
+        return "loss"
+    if "checkpoint" in text and "damaged" in text:
+        return "checkpoint"
+    return "runtime"
 
 
 def _task_resources(task: TaskSpec) -> TaskResources:

@@ -10,34 +10,48 @@ workers: {min: 1, max: 8, cpu: 1, memory_gb: 2}
 objective: goodput                           # optional: goodput | speed | efficiency
 checkpoint_every_steps: 100
 ```
+
+Validation is strict: integers must be integers (``true`` is not 1, ``"3"`` is
+not 3), numbers must be finite, names must match in full, a PS job has at
+least one PS. Every error names its field. Nothing here imports the program:
+that happens in a Ray process of the job's own (see :mod:`elasticps.manager.runtime`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from elasticps.errors import ConfigError
 
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_PROGRAM = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+PROGRAM_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+#: Most a spec may hold: the API refuses larger bodies before parsing them.
+MAX_SPEC_BYTES = 64 * 1024
+MAX_ARGS = 32
+MAX_ARG_CHARS = 1024
+MAX_TASKS = 1024
+
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+ArgValue = Annotated[int, Field(strict=True)] | float | Annotated[str, Field(max_length=MAX_ARG_CHARS)] | bool
 
 
 class TaskSpec(BaseModel):
     """How many tasks of one kind, and what each asks for."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    min: int = Field(1, ge=0)
-    max: int = Field(8, ge=0)
-    cpu: float = Field(1.0, gt=0)
-    memory_gb: float = Field(0.0, ge=0)
-    gpu: float = Field(0.0, ge=0)
-    cpu_limit: float | None = Field(None, gt=0, description="cores the task may use (a container's CPU limit)")
+    min: int = Field(1, ge=0, le=MAX_TASKS)
+    max: int = Field(8, ge=0, le=MAX_TASKS)
+    cpu: float = Field(1.0, gt=0, le=1e6)
+    memory_gb: float = Field(0.0, ge=0, le=1e9)
+    gpu: float = Field(0.0, ge=0, le=1e6)
+    cpu_limit: float | None = Field(None, gt=0, le=1e6, description="cores the task may use (a container's CPU limit)")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> TaskSpec:
@@ -47,49 +61,113 @@ class TaskSpec(BaseModel):
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
-    name: str
-    program: str
-    args: dict[str, int | float | str | bool] = Field(default_factory=dict)  # keyword arguments of a factory
+    name: str = Field(description="1-63 lowercase letters, digits or '-', starting and ending alphanumeric")
+    program: str = Field(description="'package.module:attr' naming a TrainingProgram or a factory of one")
+    args: dict[str, ArgValue] = Field(default_factory=dict, description="keyword arguments of the factory")
     mode: Literal["sync", "async"] = "sync"
     ps: TaskSpec = Field(default_factory=lambda: TaskSpec(min=1, max=4, cpu=0.5))
     workers: TaskSpec = Field(default_factory=lambda: TaskSpec(min=1, max=8, cpu=1.0))
     objective: Literal["goodput", "speed", "efficiency"] | None = None
-    checkpoint_every_steps: int = Field(100, ge=0)
+    checkpoint_every_steps: int = Field(100, ge=0, le=10**9)
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
+        if not NAME_RE.fullmatch(v):
             raise ValueError("must be 1-63 lowercase letters, digits or '-', starting and ending alphanumeric")
         return v
 
     @field_validator("program")
     @classmethod
     def _program(cls, v: str) -> str:
-        if not _PROGRAM.match(v):
+        if len(v) > 200 or not PROGRAM_RE.fullmatch(v):
             raise ValueError("must look like 'package.module:attr'")
         return v
 
-    @model_validator(mode="after")
-    def _workers(self) -> JobSpec:
-        if self.workers.min < 1:
-            raise ValueError("workers.min must be >= 1")
-        return self
+    @field_validator("args")
+    @classmethod
+    def _args(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if len(v) > MAX_ARGS:
+            raise ValueError(f"at most {MAX_ARGS} arguments")
+        for key in v:
+            if not key.isidentifier():
+                raise ValueError(f"{key[:40]!r} is not a keyword argument name")
+        return v
+
+    @field_validator("ps", "workers")
+    @classmethod
+    def _at_least_one(cls, v: TaskSpec) -> TaskSpec:
+        if v.min < 1:
+            raise ValueError("min must be >= 1: a parameter-server job needs at least one PS and one worker")
+        return v
 
 
-def parse_spec(text: str, fmt: Literal["yaml", "json"] = "yaml") -> JobSpec:
-    """Parse and validate; a :class:`ConfigError` names the bad field."""
+class Range(BaseModel):
+    """New bounds of one kind of task; a bound left out keeps its value."""
+
+    model_config = _STRICT
+
+    min: int | None = Field(None, ge=0, le=MAX_TASKS)
+    max: int | None = Field(None, ge=0, le=MAX_TASKS)
+
+
+class LimitsPatch(BaseModel):
+    """``PATCH /jobs/{name}``: ``{"ps": {"min": 1, "max": 2}, "workers": {"max": 4}}``."""
+
+    model_config = _STRICT
+
+    ps: Range | None = None
+    workers: Range | None = None
+
+
+class _NoAliases(yaml.SafeLoader):
+    """Safe YAML without anchors and aliases (an alias bomb is small on the wire, huge once expanded)."""
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases are not allowed", self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_document(text: str | bytes, fmt: Literal["yaml", "json"]) -> Any:
+    """Parse one YAML or JSON document; :class:`ConfigError` on bad syntax, depth or size."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise ConfigError(f"body is larger than {MAX_SPEC_BYTES} bytes")
     try:
-        data = yaml.safe_load(text) if fmt == "yaml" else json.loads(text)
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"job spec is not valid {fmt.upper()}: {exc}") from exc
+        return yaml.load(text, Loader=_NoAliases) if fmt == "yaml" else json.loads(text)
+    except RecursionError as exc:
+        raise ConfigError(f"{fmt.upper()} body is nested too deeply") from exc
+    except (yaml.YAMLError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError(f"body is not valid {fmt.upper()}: {exc}") from exc
+
+
+def validation_message(exc: ValidationError, what: str = "job spec") -> str:
+    """``job spec field 'workers.max': Input should be ...``: the first error, naming its field."""
+    first = exc.errors()[0]
+    loc, msg = first["loc"], first["msg"].removeprefix("Value error, ")
+    if loc[:1] == ("args",) and len(loc) > 2:  # a union member's name is no field of the user's
+        loc, msg = loc[:2], "must be a finite number, an integer, a string or a boolean"
+    where = ".".join(str(p) for p in loc) or "spec"
+    return f"{what} field '{where}': {msg}"
+
+
+def validate_as(model: type[BaseModel], data: Any, what: str) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError("job spec must be a mapping")
+        raise ConfigError(f"{what} must be a mapping")
     try:
-        return JobSpec.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "spec"
-        raise ConfigError(f"job spec field '{where}': {first['msg']}") from exc
+        raise ConfigError(validation_message(exc, what)) from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{what} is nested too deeply") from exc
+
+
+def parse_spec(text: str | bytes, fmt: Literal["yaml", "json"] = "yaml") -> JobSpec:
+    """Parse and validate; a :class:`ConfigError` names the bad field."""
+    return validate_as(JobSpec, load_document(text, fmt), "job spec")
+
+
+def parse_limits(text: str | bytes, fmt: Literal["yaml", "json"] = "json") -> LimitsPatch:
+    return validate_as(LimitsPatch, load_document(text, fmt), "job limits")

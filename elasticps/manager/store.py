@@ -1,18 +1,31 @@
 """The manager's durable state in SQLite (WAL): specs, states, allocations,
 observations, events. A write that returned is on disk (``synchronous=FULL``):
 after a SIGKILL and restart, nothing acknowledged is lost.
+
+A job's row holds its spec, its state (changed only through the transition
+table of :mod:`elasticps.manager.states`, compare-and-set, with its event in
+the same transaction), what the scheduler wants of it (``desired``), and what
+its program is (``info``, resolved once at submission). What the job actually
+runs is recorded in ``allocations`` when the runtime reports it applied.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from elasticps.errors import ConfigError
+from elasticps.manager.runtime import ProgramInfo
 from elasticps.manager.spec import JobSpec
+from elasticps.manager.states import JobState, check_transition
+
+log = logging.getLogger("elasticps.manager")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -49,8 +62,18 @@ CREATE INDEX IF NOT EXISTS allocations_job ON allocations(job, id);
 CREATE INDEX IF NOT EXISTS observations_job ON observations(job, id);
 CREATE INDEX IF NOT EXISTS events_job ON events(job, id);
 """
+#: Columns added since the first schema (an older database gains them on open).
+ADDED_COLUMNS = {"info": "TEXT", "desired": "TEXT"}
 
-STATES = ("pending", "running", "finished", "failed", "cancelled")
+STATES = tuple(s.value for s in JobState)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much history the store keeps (the oldest rows go first)."""
+
+    events: int = 50_000
+    observations_per_job: int = 2_000
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,8 @@ class JobRecord:
     state: str
     submitted_at: float
     updated_at: float
+    info: ProgramInfo | None = None
+    desired: tuple[int, int] | None = None
 
 
 class Store:
@@ -73,7 +98,11 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
-        self._lock = threading.Lock()
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for column, kind in ADDED_COLUMNS.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+        self._lock = threading.RLock()
 
     def close(self) -> None:
         self._db.close()
@@ -83,38 +112,85 @@ class Store:
             cur = self._db.execute(sql, args)
             return int(cur.lastrowid or 0)
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """All of it or none of it, one writer at a time."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
     # -- jobs
-    def add_job(self, spec: JobSpec, now: float) -> JobRecord:
+    def add_job(self, spec: JobSpec, now: float, info: ProgramInfo | None = None) -> JobRecord:
+        text = spec.model_dump_json()
+        if JobSpec.model_validate_json(text) != spec:  # what is written must read back as it was
+            raise ConfigError("job spec does not survive a round trip through JSON")
         try:
-            self._write(
-                "INSERT INTO jobs(name, spec, state, submitted_at, updated_at) VALUES (?, ?, 'pending', ?, ?)",
-                (spec.name, spec.model_dump_json(), now, now),
-            )
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT INTO jobs(name, spec, state, submitted_at, updated_at, info) "
+                    "VALUES (?, ?, 'pending', ?, ?, ?)",
+                    (spec.name, text, now, now, json.dumps(asdict(info)) if info else None),
+                )
+                db.execute(
+                    "INSERT INTO events(at, job, kind, message) VALUES (?, ?, 'submitted', ?)",
+                    (now, spec.name, f"job {spec.name} submitted"),
+                )
         except sqlite3.IntegrityError as exc:
             raise ConfigError(f"a job named {spec.name!r} already exists") from exc
-        self.add_event(now, spec.name, "submitted", f"job {spec.name} submitted")
         return self.get_job(spec.name)
 
-    def set_state(self, name: str, state: str, now: float) -> None:
-        if state not in STATES:
-            raise ValueError(f"state must be one of {STATES}")
-        self._write("UPDATE jobs SET state = ?, updated_at = ? WHERE name = ?", (state, now, name))
+    def transition(
+        self, name: str, wanted: str, now: float, message: str | None = None, kind: str | None = None
+    ) -> JobRecord:
+        """Move a job to ``wanted`` if the transition table allows it from its
+        current state (else :class:`IllegalTransition`), with an event (of kind
+        ``kind``, default the new state) in the same transaction."""
+        with self._transaction() as db:
+            row = db.execute("SELECT state FROM jobs WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise KeyError(name)
+            new = check_transition(name, row[0], wanted)
+            db.execute(
+                "UPDATE jobs SET state = ?, updated_at = ? WHERE name = ? AND state = ?", (new.value, now, name, row[0])
+            )
+            db.execute(
+                "INSERT INTO events(at, job, kind, message) VALUES (?, ?, ?, ?)",
+                (now, name, kind or new.value, message or f"job {name} {new.value}"),
+            )
+        return self.get_job(name)
 
     def update_spec(self, spec: JobSpec, now: float) -> None:
         self._write("UPDATE jobs SET spec = ?, updated_at = ? WHERE name = ?", (spec.model_dump_json(), now, spec.name))
 
+    def set_info(self, name: str, info: ProgramInfo) -> None:
+        self._write("UPDATE jobs SET info = ? WHERE name = ?", (json.dumps(asdict(info)), name))
+
+    def set_desired(self, name: str, shape: tuple[int, int]) -> None:
+        """What the scheduler last decided for the job (it may not be applied yet)."""
+        self._write("UPDATE jobs SET desired = ? WHERE name = ?", (json.dumps(list(shape)), name))
+
     def get_job(self, name: str) -> JobRecord:
-        row = self._db.execute(
-            "SELECT name, spec, state, submitted_at, updated_at FROM jobs WHERE name = ?", (name,)
-        ).fetchone()
+        row = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise KeyError(name)
         return _job(row)
 
     def list_jobs(self, states: tuple[str, ...] | None = None) -> list[JobRecord]:
-        rows = self._db.execute("SELECT name, spec, state, submitted_at, updated_at FROM jobs ORDER BY submitted_at")
-        jobs = [_job(r) for r in rows]
-        return [j for j in jobs if states is None or j.state in states]
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM jobs ORDER BY submitted_at, name").fetchall()
+        jobs = []
+        for r in rows:
+            if states is not None and r[2] not in states:
+                continue
+            try:
+                jobs.append(_job(r))
+            except ValueError as exc:  # a row written by an older, laxer version: one bad row must not hide the rest
+                log.error("job %r in the store cannot be read: %s", r[0], exc)
+        return jobs
 
     # -- history
     def record_allocation(self, name: str, now: float, num_ps: int, num_workers: int, placement: dict) -> None:
@@ -155,7 +231,29 @@ class Store:
             )
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
+    def prune(self, keep: Retention) -> int:
+        """Drop the oldest events and each job's oldest observations beyond ``keep``; rows deleted."""
+        with self._transaction() as db:
+            n = db.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (keep.events,)).rowcount
+            n += db.execute(
+                "DELETE FROM observations WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER "
+                "(PARTITION BY job ORDER BY id DESC) AS k FROM observations) WHERE k > ?)",
+                (keep.observations_per_job,),
+            ).rowcount
+        return n
+
+
+_COLUMNS = "name, spec, state, submitted_at, updated_at, info, desired"
+
 
 def _job(row: tuple) -> JobRecord:
-    name, spec, state, submitted, updated = row
-    return JobRecord(name, JobSpec.model_validate_json(spec), state, submitted, updated)
+    name, spec, state, submitted, updated, info, desired = row
+    return JobRecord(
+        name,
+        JobSpec.model_validate_json(spec),
+        state,
+        submitted,
+        updated,
+        ProgramInfo(**json.loads(info)) if info else None,
+        tuple(json.loads(desired)) if desired else None,  # type: ignore[arg-type]
+    )

@@ -10,8 +10,10 @@ position are the whole RNG state.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,9 @@ from elasticps.runtime.data import DataPosition
 from elasticps.runtime.shard_state import ShardState
 
 _NAME = re.compile(r"^ckpt-(\d{10})\.npz$")
+log = logging.getLogger("elasticps.runtime")
+#: What reading a damaged checkpoint file raises.
+_DAMAGED = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class CheckpointStore:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.keep = max(1, keep)
+        self.skipped: list[str] = []  # damaged checkpoints that latest() passed over
 
     def save(self, ckpt: Checkpoint) -> Path:
         meta = {
@@ -74,10 +80,21 @@ class CheckpointStore:
         return sorted(p for p in self.dir.iterdir() if _NAME.match(p.name))
 
     def latest(self) -> Checkpoint | None:
-        files = self._all()
-        if not files:
-            return None
-        with np.load(files[-1], allow_pickle=False) as data:
+        """The newest checkpoint that reads back whole. A damaged newer file is
+        renamed ``*.corrupt`` (kept for a post-mortem, never pruned into the
+        only good one's place) and named in :attr:`skipped`."""
+        for path in reversed(self._all()):
+            try:
+                return self._read(path)
+            except _DAMAGED as exc:
+                aside = path.with_name(path.name + ".corrupt")
+                os.replace(path, aside)
+                self.skipped.append(f"{path.name} is damaged ({type(exc).__name__}: {exc}); set aside as {aside.name}")
+                log.warning("checkpoint %s", self.skipped[-1])
+        return None
+
+    def _read(self, path: Path) -> Checkpoint:
+        with np.load(path, allow_pickle=False) as data:
             meta = json.loads(bytes(data["meta"]).decode())
             state = ShardState(
                 params=data["params"].copy(),

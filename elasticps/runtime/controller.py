@@ -30,7 +30,7 @@ import numpy as np
 import ray
 import torch
 
-from elasticps.errors import ConfigError, JobFailedError, PlacementError
+from elasticps.errors import ConfigError, JobEndedError, JobFailedError, PlacementError
 from elasticps.program import TrainingProgram, load_program
 from elasticps.runtime import tasks
 from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore
@@ -139,6 +139,7 @@ class JobController:
         self._epochs: list[EpochReport] = []
         self._rescales: list[RescaleRecord] = []
         self._events: list[str] = []
+        self._events_total = 0  # events ever recorded (the list keeps the newest MAX_EVENTS)
         self._grad_samples: list[GradientSample] = []
         self._epoch_grad_samples: list[GradientSample] = []
         self._bytes: dict[str, int] = {}
@@ -158,7 +159,7 @@ class JobController:
         placement = dict(placement or {})
         self._check_shape(num_ps, num_workers, placement)
         if self.state in ("finished", "failed"):
-            raise ConfigError(f"job {self.program.name} has {self.state}; it cannot be rescaled")
+            raise JobEndedError(f"job {self.program.name} has {self.state}; it cannot be rescaled")
         if placement:
             nodes = tasks.alive_nodes()
             for name, node in placement.items():
@@ -207,6 +208,7 @@ class JobController:
                 epoch_reports=list(self._epochs),
                 rescales=list(self._rescales),
                 events=list(self._events),
+                events_total=self._events_total,
                 gradient_samples=list(self._grad_samples[-200:]),
                 bytes_between_nodes=dict(self._bytes),
                 cross_node_bytes=sum(v for k, v in self._bytes.items() if _crosses(k)),
@@ -255,7 +257,7 @@ class JobController:
             return
         dataset = self.program.build_dataset()
         self._batches = GlobalBatches(self.program.seed, len(dataset), self.program.batch_size)
-        ckpt = self._store.latest() if self._store else None
+        ckpt = self._latest_checkpoint()
         if ckpt is not None:
             self._check_checkpoint(ckpt)
             state = ckpt.state
@@ -330,6 +332,16 @@ class JobController:
         self._nodes_used.update(t.node_id for t in self.ps + self.workers)
         tasks.sweep_nodes(self._nodes_used)
         self.ps, self.workers, self._param_refs = [], [], []
+
+    def _latest_checkpoint(self) -> Checkpoint | None:
+        """The newest intact checkpoint; damaged newer ones become events."""
+        if not self._store:
+            return None
+        seen = len(self._store.skipped)
+        ckpt = self._store.latest()
+        for message in self._store.skipped[seen:]:
+            self._event(f"checkpoint {message}")
+        return ckpt
 
     def checkpoint(self) -> None:
         if not self._store:
@@ -625,6 +637,7 @@ class JobController:
         log.info("%s %s", self.program.name, line)
         with self._lock:
             self._events.append(line)
+            self._events_total += 1
             del self._events[:-MAX_EVENTS]
 
     # ------------------------------------------------------- shape changes
@@ -751,6 +764,7 @@ class JobController:
 
     def _apply_change(self, pending: _PendingChange, started: list[tasks.Task]) -> None:
         """Switch to the new shape. The pause is the time spent here."""
+        self._flush_window()  # a window measures one shape: the steps before the switch are the old one's
         t0 = time.perf_counter()
         before = (len(self.ps), len(self.workers))
         state = self._gather_state() if (pending.new_ps or pending.shape.num_ps != len(self.ps)) else None
@@ -852,7 +866,7 @@ class JobController:
     def _restore_ps(self, dead: list[tasks.Task]) -> None:
         if self._store is None:
             raise JobFailedError("a PS shard died and no checkpoint_dir is configured")
-        ckpt = self._store.latest()
+        ckpt = self._latest_checkpoint()
         if ckpt is None:
             raise JobFailedError("a PS shard died before the first checkpoint")
         for t in self.ps:

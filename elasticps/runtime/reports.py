@@ -131,6 +131,7 @@ class JobReport:
     epoch_reports: list[EpochReport] = field(default_factory=list)
     rescales: list[RescaleRecord] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
+    events_total: int = 0  # events ever recorded; ``events`` holds the newest of them
     gradient_samples: list[GradientSample] = field(default_factory=list)
     bytes_between_nodes: dict[str, int] = field(default_factory=dict)
     cross_node_bytes: int = 0

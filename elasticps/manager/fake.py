@@ -1,0 +1,181 @@
+"""An in-memory :class:`JobRuntime` and :class:`CapacitySource` for tests.
+
+Nothing runs: a :class:`FakeJob` advances a fixed number of steps each time
+it is polled, at a speed given by a function of its shape, and rescales
+apply at its next poll. Faults are injected explicitly (``fail_start``,
+``fail_rescale``, ``crash``, ``lose_worker``, ``lose_driver``), so a test of
+the manager's logic runs in milliseconds and says which fault it exercises.
+The real engine is :mod:`elasticps.manager.ray_runtime`; the end-to-end tests
+run that one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from elasticps.errors import JobFailedError, PlacementError, ProgramError
+from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
+from elasticps.manager.spec import JobSpec
+from elasticps.runtime import JobReport, WindowReport
+from elasticps.runtime.reports import StepTimes
+from elasticps.sched import ClusterView, NodeView, Resources
+
+
+def linear_speed(p: int, w: int) -> float:
+    """Samples/s of a job whose workers scale perfectly while PS keep up."""
+    return 100.0 * min(w, 2 * p)
+
+
+@dataclass
+class FakeJob:
+    launch: Launch
+    info: ProgramInfo
+    speed: Callable[[int, int], float] = linear_speed
+    steps_per_poll: int = 10
+    max_windows: int = 2000  # the newest windows kept, as the real controller keeps its newest
+    start_polls: int = 1  # polls spent starting (state "created") before the first step
+    fail_rescale: str | None = None  # the next rescale raises PlacementError with this text
+    state: str = "created"
+    step: int = 0
+    shape: tuple[int, int] = (0, 0)
+    asked: tuple[int, int, dict] | None = None
+    windows: list[WindowReport] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    error: str | None = None
+    stopping: bool = False
+    closed: bool = False
+    lost: str | None = None
+    polls: int = 0
+
+    # -- faults
+    def crash(self, error: str = "RuntimeError: injected") -> None:
+        self.state, self.error = "failed", error
+        self.events.append(f"step {self.step}: failed: {error}")
+
+    def lose_worker(self) -> None:
+        self.events.append(f"step {self.step}: 1 worker(s) died; continuing with {self.shape[1] - 1}")
+
+    def lose_driver(self, why: str = "the job's driver process is gone") -> None:
+        self.lost = why
+
+    # -- JobHandle
+    def poll(self, after_step: int, after_event: int) -> JobStatus:
+        if self.lost:
+            raise JobFailedError(self.lost)
+        self.polls += 1
+        if self.state == "created" and self.polls > self.start_polls:
+            self.state, self.shape = "running", self.launch.shape
+        if self.state == "running":
+            self._advance()
+        total = self.info.epochs * self.info.samples_per_epoch
+        placement = self._placement()
+        return JobStatus(
+            state=self.state,
+            ended=self.state in ("finished", "failed", "stopped"),
+            step=self.step,
+            epoch=self.step * self.info.batch_size // max(1, self.info.samples_per_epoch),
+            num_ps=self.shape[0],
+            num_workers=self.shape[1],
+            placement=placement,
+            held=placement if self.state != "created" else dict(self.launch.placement),
+            windows=[w for w in self.windows if w.last_step > after_step],
+            events=self.events[after_event:],
+            events_total=len(self.events),
+            remaining_samples=max(0, total - self.step * self.info.batch_size),
+            samples_per_epoch=self.info.samples_per_epoch,
+            error=self.error,
+        )
+
+    def _advance(self) -> None:
+        if self.asked is not None:
+            p, w, _ = self.asked
+            self.events.append(f"step {self.step}: rescaled {self.shape[0]}x{self.shape[1]} -> {p}x{w}")
+            self.shape, self.asked = (p, w), None
+        if self.stopping:
+            self.state = "stopped"
+            return
+        total = self.info.epochs * self.info.samples_per_epoch
+        steps = min(self.steps_per_poll, -(-(total - self.step * self.info.batch_size) // self.info.batch_size))
+        if steps > 0:
+            speed = self.speed(*self.shape)
+            samples = steps * self.info.batch_size
+            elapsed = samples / speed
+            window = WindowReport(
+                self.step, self.step + steps - 1, steps, samples, elapsed, speed, 1.0, StepTimes(), *self.shape
+            )
+            self.windows.append(window)
+            del self.windows[: -self.max_windows]
+            self.step += steps
+        if self.step * self.info.batch_size >= total:
+            self.state = "finished"
+
+    def _placement(self) -> dict[str, str]:
+        node = next(iter(self.launch.placement.values()), "node-0")
+        out = {f"ps-{i}": node for i in range(self.shape[0])}
+        out.update({f"worker-{i}": node for i in range(self.shape[1])})
+        return out
+
+    def report(self) -> JobReport:
+        return JobReport(
+            name=self.launch.name, state=self.state, mode="sync", step=self.step, epoch=0, cursor=0,
+            epochs=self.info.epochs, samples_seen=self.step * self.info.batch_size, num_ps=self.shape[0],
+            num_workers=self.shape[1], target_shape=self.shape, placement=self._placement(),
+            windows=list(self.windows), events=list(self.events), events_total=len(self.events), error=self.error,
+        )  # fmt: skip
+
+    def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
+        if self.fail_rescale:
+            why, self.fail_rescale = self.fail_rescale, None
+            raise PlacementError(why)
+        self.asked = (num_ps, num_workers, dict(placement))
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeRuntime:
+    """Programs by reference; any other reference fails to resolve, as an import would."""
+
+    programs: dict[str, ProgramInfo] = field(
+        default_factory=lambda: {"elasticps.examples.digits:program": ProgramInfo("digits", 64, 3, 1437)}
+    )
+    speed: Callable[[int, int], float] = linear_speed
+    fail_start: str | None = None  # the next start raises JobFailedError with this text
+    jobs: dict[str, list[FakeJob]] = field(default_factory=dict)  # every start of every job, in order
+
+    def describe(self, spec: JobSpec) -> ProgramInfo:
+        try:
+            return self.programs[spec.program]
+        except KeyError:
+            raise ProgramError(f"cannot import program {spec.program!r}") from None
+
+    def start(self, launch: Launch) -> FakeJob:
+        if self.fail_start:
+            why, self.fail_start = self.fail_start, None
+            raise JobFailedError(why)
+        job = FakeJob(launch, self.programs[launch.program], self.speed)
+        self.jobs.setdefault(launch.name, []).append(job)
+        return job
+
+    def latest(self, name: str) -> FakeJob:
+        return self.jobs[name][-1]
+
+
+@dataclass
+class FakeCapacity:
+    """Nodes as ``{name: (CPU capacity, CPU used by other tenants)}``."""
+
+    nodes: dict[str, tuple[float, float]] = field(default_factory=lambda: {"node-0": (8.0, 0.0)})
+
+    def view(self, ours: dict[str, Resources]) -> ClusterView:
+        return ClusterView(
+            tuple(NodeView(n, Resources(cpu=c), Resources(cpu=o)) for n, (c, o) in sorted(self.nodes.items()))
+        )
+
+    def hostnames(self) -> dict[str, str]:
+        return {n: n for n in self.nodes}

@@ -1,0 +1,171 @@
+"""The manager's engine on Ray: each job's controller runs in a Ray actor of
+its own, on the manager's node (its checkpoints go to the manager's workdir).
+
+The job's program, a user's code, is imported and its factory called only in
+that actor's process (and the describe task's), never in the manager: a
+program that raises, hangs or misbehaves cannot take the API or the control
+loop with it. The actors are owned by the manager's driver, so they end with
+it; a restarted manager starts them again from their checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from elasticps.errors import ConfigError, ElasticPSError, JobFailedError, ProgramError
+from elasticps.manager.capacity import ray_cluster_view, ray_hostnames
+from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
+from elasticps.manager.spec import JobSpec
+from elasticps.runtime import JobController, JobReport
+from elasticps.sched import ClusterView, Resources
+
+log = logging.getLogger("elasticps.manager")
+
+DESCRIBE_TIMEOUT_S = 180.0
+CALL_TIMEOUT_S = 60.0
+
+
+def _here() -> NodeAffinitySchedulingStrategy:
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
+@ray.remote(num_cpus=0)
+def _describe(program: str, args: dict) -> ProgramInfo:
+    from elasticps.program import load_program
+
+    p = load_program(program, args)
+    return ProgramInfo(p.name, p.batch_size, p.epochs, len(p.build_dataset()))
+
+
+@ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)
+class JobDriver:
+    """One job's controller, in a process of its own."""
+
+    def __init__(self, launch: Launch) -> None:
+        from elasticps.program import load_program
+
+        self.controller = JobController(
+            load_program(launch.program, launch.args), launch.config, *launch.shape, placement=launch.placement
+        )
+        self.thread = self.controller.run_in_thread()
+
+    def poll(self, after_step: int, after_event: int) -> JobStatus:
+        c = self.controller
+        r = c.report()
+        new_events = r.events_total - after_event
+        return JobStatus(
+            state=r.state,
+            ended=r.state in ("finished", "failed", "stopped") and not self.thread.is_alive(),
+            step=r.step,
+            epoch=r.epoch,
+            num_ps=r.num_ps,
+            num_workers=r.num_workers,
+            placement=r.placement,
+            held={**r.placement, **c.starting()},
+            windows=[w for w in r.windows if w.last_step > after_step],
+            events=r.events[-new_events:] if new_events > 0 else [],
+            events_total=r.events_total,
+            remaining_samples=c.remaining_samples(),
+            samples_per_epoch=c.samples_per_epoch(),
+            metric=r.epoch_reports[-1].metric if r.epoch_reports else None,
+            error=r.error,
+        )
+
+    def report(self) -> JobReport:
+        return self.controller.report()
+
+    def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
+        self.controller.rescale(num_ps, num_workers, placement=placement)
+
+    def stop(self) -> None:
+        self.controller.stop()
+
+    def shutdown(self) -> None:
+        self.controller.stop()
+        self.thread.join(timeout=CALL_TIMEOUT_S)
+        self.controller.shutdown()
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The user-facing error inside a Ray error (an elasticps error raised remotely, if any)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def _call(ref: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.RayTaskError as exc:
+        cause = _cause(exc)
+        if isinstance(cause, ElasticPSError):
+            raise cause from None
+        raise JobFailedError(f"{type(cause).__name__}: {cause}") from exc
+    except ray.exceptions.RayActorError as exc:
+        raise JobFailedError(f"the job's driver process is gone: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    """The innermost error line of a Ray error's message (its traceback is in the logs)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error:" in ln and not ln.startswith("File ")]
+    return (errors[-1] if errors else lines[0] if lines else type(exc).__name__)[:500]
+
+
+class RayJobHandle:
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self._closed = False
+
+    def poll(self, after_step: int, after_event: int) -> JobStatus:
+        return _call(self.actor.poll.remote(after_step, after_event))
+
+    def report(self) -> JobReport:
+        return _call(self.actor.report.remote())
+
+    def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
+        _call(self.actor.rescale.remote(num_ps, num_workers, placement))
+
+    def stop(self) -> None:
+        with contextlib.suppress(ElasticPSError, ray.exceptions.GetTimeoutError):
+            _call(self.actor.stop.remote(), timeout_s=10)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            _call(self.actor.shutdown.remote(), timeout_s=2 * CALL_TIMEOUT_S)
+        except (ElasticPSError, ray.exceptions.GetTimeoutError) as exc:
+            log.warning("closing a job's driver: %s", exc)
+        ray.kill(self.actor, no_restart=True)
+
+
+class RayJobRuntime:
+    """Jobs as Ray actors on the manager's node; programs resolved in Ray processes."""
+
+    def describe(self, spec: JobSpec) -> ProgramInfo:
+        ref = _describe.options(scheduling_strategy=_here()).remote(spec.program, dict(spec.args))
+        try:
+            return _call(ref, timeout_s=DESCRIBE_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+            raise ProgramError(f"resolving {spec.program!r} took longer than {DESCRIBE_TIMEOUT_S:g} s") from None
+        except (JobFailedError, ConfigError) as exc:
+            raise ProgramError(str(exc)) from exc
+
+    def start(self, launch: Launch) -> RayJobHandle:
+        actor = JobDriver.options(name=None, scheduling_strategy=_here()).remote(launch)
+        return RayJobHandle(actor)
+
+
+class RayCapacity:
+    def view(self, ours: dict[str, Resources]) -> ClusterView:
+        return ray_cluster_view(ours)
+
+    def hostnames(self) -> dict[str, str]:
+        return ray_hostnames()

@@ -1,0 +1,269 @@
+"""The manager's logic against the in-memory runtime (elasticps.manager.fake):
+state ownership, commands, faults, events. Every test ends by checking the
+manager's invariants; none starts Ray, so each runs in milliseconds."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from elasticps.errors import ProgramError
+from elasticps.manager import IllegalTransition, JobState, LimitsPatch, Manager, Retention, Store, parse_spec
+from elasticps.manager.fake import FakeCapacity, FakeRuntime
+from elasticps.manager.spec import Range
+from elasticps.manager.states import TRANSITIONS
+
+SPEC = """name: {name}
+program: elasticps.examples.digits:program
+ps: {{min: 1, max: 2, cpu: 0.5}}
+workers: {{min: 1, max: 4, cpu: {cpu}}}
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        self.t += 1.0
+        return self.t
+
+
+def check_invariants(manager: Manager) -> None:
+    """What must hold after any sequence of commands and rounds."""
+    jobs = {r.name: r for r in manager.store.list_jobs()}
+    for name in manager.live:
+        assert jobs[name].state == JobState.RUNNING, f"{name} has a handle but is {jobs[name].state}"
+    runtime = manager.runtime
+    for name, starts in getattr(runtime, "jobs", {}).items():
+        if jobs[name].state in (JobState.CANCELLED, JobState.FINISHED):
+            assert all(j.closed or j.stopping for j in starts), f"{name} ended but a start of it still runs"
+        for older in starts[:-1]:
+            assert older.closed, f"{name}: a replaced start was not released"
+
+
+@pytest.fixture
+def env(tmp_path):
+    runtime, capacity = FakeRuntime(), FakeCapacity()
+    manager = Manager(
+        Store(tmp_path / "m.db"), tmp_path / "work", clock=Clock(), runtime=runtime, capacity=capacity,
+        policy_options={"rescale_cost_s": 0.0},
+    )  # fmt: skip
+    yield manager, runtime, capacity
+    manager.step()  # one more round: nothing may break the invariants
+    check_invariants(manager)
+
+
+def submit(manager: Manager, name: str, cpu: float = 1.0):
+    return manager.submit(parse_spec(SPEC.format(name=name, cpu=cpu)))
+
+
+def kinds(manager: Manager, name: str) -> list[str]:
+    return [e[3] for e in manager.store.events(name)]
+
+
+def test_terminal_states_are_terminal():
+    for (a, b), cause in TRANSITIONS.items():
+        assert not (a.ended and cause != "retry"), f"{a} -> {b} leaves a final state"
+    from elasticps.manager.states import check_transition
+
+    with pytest.raises(IllegalTransition, match="'j' is cancelled; it cannot become finished"):
+        check_transition("j", "cancelled", "finished")
+    with pytest.raises(IllegalTransition):
+        check_transition("j", "finished", "running")
+
+
+def test_a_job_is_started_polled_and_finished(env):
+    manager, runtime, _ = env
+    submit(manager, "a")
+    assert manager.step() == {"a": (1, 1)}
+    assert manager.store.get_job("a").state == "running"
+    assert manager.store.allocations("a") == []  # asked for, not yet applied
+    for _ in range(40):
+        manager.step()
+    assert manager.store.get_job("a").state == "finished"
+    assert kinds(manager, "a")[:2] == ["submitted", "started"] and kinds(manager, "a")[-1] == "finished"
+    assert manager.store.allocations("a")[0][1:3] == (1, 1)
+    assert runtime.latest("a").closed and manager.ended["a"].state == "finished"
+
+
+def test_cancel_during_start_up_is_final(env):
+    """The bug: DELETE while the job was starting, a round restarted it, and it ended 'finished'."""
+    manager, runtime, _ = env
+    submit(manager, "c")
+    manager.step()  # started; the fake is still starting (state "created")
+    assert manager.cancel("c").state == "cancelled"
+    assert manager.cancel("c").state == "cancelled"  # idempotent
+    for _ in range(30):
+        manager.step()
+    assert manager.store.get_job("c").state == "cancelled"
+    assert len(runtime.jobs["c"]) == 1 and runtime.latest("c").closed  # never started again
+    assert kinds(manager, "c").count("cancelled") == 1
+
+
+def test_cancel_of_an_ended_job_is_refused_and_changes_nothing(env):
+    manager, runtime, _ = env
+    submit(manager, "f")
+    while manager.store.get_job("f").state != "finished":
+        manager.step()
+    with pytest.raises(IllegalTransition, match="is finished; it cannot become cancelled"):
+        manager.cancel("f")
+    assert manager.store.get_job("f").state == "finished"
+
+
+def test_a_finish_reported_after_a_cancel_does_not_overwrite_it(env):
+    manager, runtime, _ = env
+    submit(manager, "r")
+    manager.step()
+    manager.step()
+    job = runtime.latest("r")
+    job.state = "finished"  # it finishes at the very moment the user cancels
+    manager.cancel("r")
+    manager.step()
+    assert manager.store.get_job("r").state == "cancelled"
+
+
+def test_a_failed_rescale_is_an_event_and_the_round_goes_on(env):
+    manager, runtime, capacity = env
+    submit(manager, "x")
+    submit(manager, "y")
+    for _ in range(4):
+        manager.step()
+    asked_before = {n: live.asked for n, live in manager.live.items()}
+    runtime.latest("x").fail_rescale = "pinned node is gone"
+    capacity.nodes["node-1"] = (8.0, 0.0)  # room to grow: both jobs are asked for more
+    for _ in range(3):
+        manager.step()
+    events = manager.store.events("x")
+    assert any(k == "error" and "pinned node is gone" in m for _, _, _, k, m in events)
+    assert manager.live["y"].asked != asked_before["y"]  # the other job was rescaled in the same round
+    # what x runs is what its runtime reports, not what the failed request asked for
+    last = manager.store.allocations("x")[-1]
+    assert (last[1], last[2]) == (runtime.latest("x").shape[0], runtime.latest("x").shape[1])
+
+
+def test_observations_follow_steps_not_list_positions(env):
+    """The bug: seen_windows indexed a list the controller trims, so learning stopped after ~67 min."""
+    manager, runtime, _ = env
+    submit(manager, "long")
+    manager.step()
+    job = runtime.latest("long")
+    job.max_windows, job.info = 3, job.info.__class__("digits", 64, 100, 1437)  # keeps 3 windows, as if trimmed
+    for _ in range(25):
+        manager.step()
+    steps = {w.last_step for w in job.windows}
+    assert len(manager.store.observations("long")) == job.polls - 1 >= 20 and len(steps) == 3
+
+
+def test_start_failures_then_failed_then_retry(env):
+    manager, runtime, _ = env
+    submit(manager, "s")
+    for _ in range(3):
+        runtime.fail_start = "no room for the driver"
+        manager.step()
+    assert manager.store.get_job("s").state == "failed"
+    assert kinds(manager, "s").count("error") == 3
+    assert manager.retry("s").state == "pending"
+    with pytest.raises(IllegalTransition):
+        manager.retry("s")  # pending is not failed
+    manager.step()
+    assert manager.store.get_job("s").state == "running"
+
+
+def test_a_lost_driver_fails_the_job_and_losses_are_events(env):
+    manager, runtime, _ = env
+    submit(manager, "l")
+    manager.step()
+    manager.step()
+    runtime.latest("l").lose_worker()
+    manager.step()
+    assert any(k == "loss" and "worker(s) died" in m for _, _, _, k, m in manager.store.events("l"))
+    runtime.latest("l").lose_driver("the job's driver process is gone: node died")
+    manager.step()
+    rec = manager.store.get_job("l")
+    assert rec.state == "failed"
+    assert "node died" in manager.store.events("l")[-1][4]
+    manager.retry("l")
+    manager.step()
+    assert manager.store.get_job("l").state == "running" and len(runtime.jobs["l"]) == 2
+
+
+def test_a_job_that_can_never_fit_says_why_once(env):
+    manager, _, _ = env
+    submit(manager, "big", cpu=16)
+    for _ in range(3):
+        manager.step()
+    unfit = [m for _, _, _, k, m in manager.store.events("big") if k == "unfit"]
+    assert unfit == ["cannot fit: a worker needs 16 CPU, the largest node has 8 CPU"]
+    assert manager.store.get_job("big").state == "pending"
+
+
+def test_limits_go_through_validation(env):
+    manager, _, _ = env
+    submit(manager, "lim")
+    rec = manager.set_limits("lim", LimitsPatch(workers=Range(max=2)))
+    assert (rec.spec.workers.min, rec.spec.workers.max) == (1, 2)
+    with pytest.raises(ValueError, match="min"):
+        manager.set_limits("lim", LimitsPatch(workers=Range(min=3)))
+
+
+def test_allow_list_of_program_modules(tmp_path):
+    manager = Manager(
+        Store(tmp_path / "m.db"), tmp_path, runtime=FakeRuntime(), capacity=FakeCapacity(),
+        allow_programs=("elasticps.examples",),
+    )  # fmt: skip
+    submit(manager, "ok")
+    with pytest.raises(ProgramError, match="not allowed"):
+        manager.submit(parse_spec("name: evil\nprogram: subprocess:getoutput\nargs: {cmd: id}\n"))
+    with pytest.raises(ProgramError, match="not allowed"):
+        manager.submit(parse_spec("name: evil\nprogram: elasticps.examplesx:program\n"))
+    assert [r.name for r in manager.store.list_jobs()] == ["ok"]
+
+
+def test_commands_race_the_loop(env):
+    """Submits and cancels from many threads while the loop runs: every
+    acknowledged cancel stands, every acknowledged submit is stored."""
+    manager, runtime, _ = env
+    stop = threading.Event()
+    loop = threading.Thread(target=manager.run, args=(0.0, stop, 0.001, 0.0))
+    loop.start()
+    acked_cancel: list[str] = []
+    errors: list[BaseException] = []
+
+    def user(i: int) -> None:
+        try:
+            submit(manager, f"j{i}")
+            if i % 2 == 0:
+                manager.cancel(f"j{i}")
+                acked_cancel.append(f"j{i}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for _ in range(200):
+        if not manager.store.list_jobs(("pending", "running")):
+            break
+        threading.Event().wait(0.01)
+    stop.set()
+    loop.join()
+    assert not errors
+    states = {r.name: r.state for r in manager.store.list_jobs()}
+    assert len(states) == 40
+    assert all(states[n] == "cancelled" for n in acked_cancel)
+    assert all(s == "finished" for n, s in states.items() if n not in acked_cancel)
+
+
+def test_retention_keeps_the_newest(tmp_path):
+    store = Store(tmp_path / "m.db")
+    store.add_job(parse_spec(SPEC.format(name="a", cpu=1)), 0.0)
+    for i in range(30):
+        store.add_event(float(i), "a", "x", f"e{i}")
+        store.record_observation("a", float(i), 1, 1, float(i))
+    store.prune(Retention(events=10, observations_per_job=5))
+    assert [e[4] for e in store.events()][-1] == "e29" and len(store.events()) == 10
+    assert [s for _, _, s in store.observations("a")] == [25.0, 26.0, 27.0, 28.0, 29.0]
