@@ -103,7 +103,7 @@ def test_cancel_during_start_up_is_final(env):
 
 
 def test_cancel_of_an_ended_job_is_refused_and_changes_nothing(env):
-    manager, runtime, _ = env
+    manager, _runtime, _ = env
     submit(manager, "f")
     while manager.store.get_job("f").state != "finished":
         manager.step()
@@ -224,7 +224,7 @@ def test_allow_list_of_program_modules(tmp_path):
 def test_commands_race_the_loop(env):
     """Submits and cancels from many threads while the loop runs: every
     acknowledged cancel stands, every acknowledged submit is stored."""
-    manager, runtime, _ = env
+    manager, _runtime, _ = env
     stop = threading.Event()
     loop = threading.Thread(target=manager.run, args=(0.0, stop, 0.001, 0.0))
     loop.start()
