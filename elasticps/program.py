@@ -157,6 +157,8 @@ def load_program(ref: str | TrainingProgram, args: Mapping[str, Any] | None = No
             obj = obj(**(args or {}))
         except TypeError as exc:
             raise ProgramError(f"cannot call {ref!r} with arguments {dict(args or {})}: {exc}") from exc
+        except ProgramError:
+            raise
         except Exception as exc:  # the user's factory raised: their error, named, not ours
             raise ProgramError(f"{ref!r} raised {type(exc).__name__}: {exc}") from exc
     elif args:

@@ -15,6 +15,7 @@ name: {name}
 program: elasticps.examples.digits:program
 ps: {{min: 1, max: 2, cpu: 0.5}}
 workers: {{min: 1, max: 3, cpu: 0.5}}
+args: {{epochs: 40}}
 """
 
 
@@ -23,6 +24,10 @@ def test_jobs_are_started_observed_resized_and_finished(ray_local, tmp_path):
     manager = Manager(store, tmp_path / "work", report_interval_s=0.5)
     with pytest.raises(ProgramError, match="cannot import module"):
         manager.submit(parse_spec(SPEC.format(name="bad").replace("elasticps.examples.digits", "no.such")))
+    # resolved in a Ray process, not here: the factory's error comes back named, nothing is stored
+    with pytest.raises(ProgramError, match="raised ValueError"):
+        manager.submit(parse_spec(SPEC.format(name="bad").replace("epochs: 40", "model: nope")))
+    assert store.list_jobs() == []
     for name in ("a", "b"):
         manager.submit(parse_spec(SPEC.format(name=name)))
     decision = manager.step()
@@ -41,5 +46,10 @@ def test_jobs_are_started_observed_resized_and_finished(ray_local, tmp_path):
         assert obs and all(s > 0 for _, _, s in obs)  # the loop read the jobs' reports
         kinds = [e[3] for e in store.events(name)]
         assert kinds[0] == "submitted" and "started" in kinds and kinds[-1] == "finished"
-    # at least one job was grown once its speed had been seen (8 logical CPUs, 1 CPU per job at the start)
+    # at least one job was grown once its speed had been seen (8 logical CPUs, 1 CPU per job at the start);
+    # allocations are what the jobs reported running, not what was asked
     assert any(max(p + w for _, p, w, _ in store.allocations(n)) > 2 for n in ("a", "b"))
+    for name in ("a", "b"):  # every shape asked was applied before the next was asked
+        asked = [m for *_, k, m in store.events(name) if k == "rescale"]
+        applied = [m for *_, k, m in store.events(name) if k == "runtime" and "rescaled" in m]
+        assert len(applied) >= len(asked) - 1, (asked, applied)

@@ -400,6 +400,8 @@ class Manager:
                     live.last_step = w.last_step
             for text in st.events:
                 self.store.add_event(now, name, _event_kind(text), text)
+                if text.partition(": ")[2].startswith("rescale to") and "failed" in text:
+                    live.asked, live.asked_placement = (st.num_ps, st.num_workers), dict(st.placement)
             live.events_seen = st.events_total
             applied = (st.num_ps, st.num_workers, st.placement)
             if st.state == "running" and st.num_ps and applied != live.applied:
@@ -500,7 +502,10 @@ class Manager:
         min_ps, min_w = spec.ps.min, spec.workers.min
         max_ps, max_w = spec.ps.max, spec.workers.max
         explore = None
-        if not model.shapes:
+        if live is not None and (live.status is None or (live.status.num_ps, live.status.num_workers) != live.asked):
+            # starting, or a rescale in flight: judged again once the runtime reports it applied (or failed)
+            (min_ps, min_w), (max_ps, max_w) = live.asked, live.asked
+        elif not model.shapes:
             max_ps, max_w = min_ps, min_w
         elif not model.confident and current is not None:
             explore = model.explore(current, spec.ps.max, spec.workers.max)
