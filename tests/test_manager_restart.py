@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -29,15 +30,21 @@ def _server(workdir, port, log):
     return spawn_elasticps(args, log)
 
 
-def _wait_up(url, proc, log, timeout_s=90):
+def _wait_up(url, proc, log, workdir, timeout_s=90):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()
         try:
-            return httpx.get(f"{url}/jobs", timeout=2).json()
-        except httpx.HTTPError:
+            r = httpx.get(f"{url}/jobs", headers=_auth(workdir), timeout=2)
+            r.raise_for_status()
+            return r.json()
+        except (httpx.HTTPError, FileNotFoundError):
             time.sleep(0.3)
     pytest.fail("manager did not come up")
+
+
+def _auth(workdir):
+    return {"Authorization": f"Bearer {(workdir / 'token').read_text().strip()}"}
 
 
 def test_manager_sigkill_and_restart(tmp_path):
@@ -46,8 +53,17 @@ def test_manager_sigkill_and_restart(tmp_path):
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     first = _server(tmp_path, port, tmp_path / "first.log")
-    _wait_up(url, first, tmp_path / "first.log")
-    assert httpx.post(f"{url}/jobs", content=SPEC, timeout=30).status_code == 201
+    _wait_up(url, first, tmp_path / "first.log", tmp_path)
+    # the secrets are the owner's alone, and the API wants the token
+    assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "ray-token").stat().st_mode & 0o777 == 0o600
+    assert httpx.get(f"{url}/jobs", timeout=5).status_code == 401
+    headers = {**_auth(tmp_path), "Content-Type": "application/yaml"}
+    assert httpx.post(f"{url}/jobs", content=SPEC, headers=headers, timeout=30).status_code == 201
+    # a second manager on the same workdir refuses, naming the first
+    other = _server(tmp_path, port + 1 if port < 65535 else port - 1, tmp_path / "other.log")
+    assert other.wait(timeout=180) == 2
+    assert f"pid {first.pid}" in (tmp_path / "other.log").read_text()
     ckpts = CheckpointStore(tmp_path / "survivor" / "checkpoints")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -63,19 +79,24 @@ def test_manager_sigkill_and_restart(tmp_path):
 
     second = _server(tmp_path, port, tmp_path / "second.log")
     try:
-        jobs = _wait_up(url, second, tmp_path / "second.log")
+        jobs = _wait_up(url, second, tmp_path / "second.log", tmp_path)
         assert [j["name"] for j in jobs] == ["survivor"]  # acknowledged before the kill: still there
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
-            if httpx.get(f"{url}/jobs/survivor", timeout=5).json()["state"] == "finished":
+            if httpx.get(f"{url}/jobs/survivor", headers=_auth(tmp_path), timeout=5).json()["state"] == "finished":
                 break
             time.sleep(1)
         else:
             pytest.fail((tmp_path / "second.log").read_text())
-        messages = [e["message"] for e in httpx.get(f"{url}/events", params={"job": "survivor"}, timeout=5).json()]
+        events = httpx.get(f"{url}/events", params={"job": "survivor"}, headers=_auth(tmp_path), timeout=5).json()
+        messages = [e["message"] for e in events]
         assert any("restarted from its latest checkpoint" in m for m in messages), messages
     finally:
-        os.killpg(second.pid, signal.SIGTERM)
-        second.wait(timeout=60)
+        second.terminate()  # as a user stops it: the server cleans up and exits by itself
+        try:
+            assert second.wait(timeout=120) in (0, signal.SIGTERM)  # Ray's handler exits with the signal's number
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(second.pid, signal.SIGKILL)
     assert ckpts.latest().step == 440 and killed_at >= 100
     assert Store(tmp_path / "manager.db").get_job("survivor").state == "finished"

@@ -81,6 +81,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result["scaling"] = scheduler_bench.scaling(args.policy)
         _write_json(args.json, result)
         return 0
+    if args.what == "chaos":
+        from elasticps.bench import chaos_bench
+
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else chaos_bench.FAULTS
+        config = chaos_bench.ChaosConfig(faults=args.faults, seed=args.seed, nodes=args.nodes_ray, kinds=kinds)
+        result = chaos_bench.run(config, say=lambda line: print(line, file=sys.stderr, flush=True))
+        _write_json(args.json, result)
+        return 0 if result["invariants_violated"] == 0 else 1
     raise SystemExit(f"unknown benchmark {args.what!r}")
 
 
@@ -171,17 +179,20 @@ def cmd_server(args: argparse.Namespace) -> int:
     from elasticps.manager.workdir import RAY_TOKEN_FILE, WorkdirLock, api_token, secret_file
 
     workdir = Path(args.workdir)
-    lock = WorkdirLock(workdir)  # one manager per workdir: a second one stops here
-    token = args.token or os.environ.get("ELASTICPS_TOKEN") or api_token(workdir)
-    embedded = args.ray_address in (None, "", "local")
-    if embedded:
+    if args.ray_address in (None, "", "local"):
         # Ray's own token authentication for the cluster we start: its ports listen on every
         # interface, so without it any host that reaches them could run code (docs/security.md).
-        # Set before Ray is imported: Ray reads it once.
-        secret_file(workdir, RAY_TOKEN_FILE)
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ["RAY_AUTH_TOKEN_PATH"] = str((workdir / RAY_TOKEN_FILE).resolve())
-        os.environ.pop("RAY_AUTH_TOKEN", None)
+        # Ray reads RAY_AUTH_MODE once, when it is imported (and `elasticps` imports it), so the
+        # process starts again with the variables set; the same PID, the same arguments.
+        ray_token = str((workdir / RAY_TOKEN_FILE).resolve())
+        if os.environ.get("RAY_AUTH_MODE") != "token" or os.environ.get("RAY_AUTH_TOKEN_PATH") != ray_token:
+            secret_file(workdir, RAY_TOKEN_FILE)
+            os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=ray_token)
+            os.environ.pop("RAY_AUTH_TOKEN", None)
+            sys.stdout.flush()
+            os.execv(sys.executable, [sys.executable, "-m", "elasticps", *args.argv])
+    lock = WorkdirLock(workdir)  # one manager per workdir: a second one stops here
+    token = args.token or os.environ.get("ELASTICPS_TOKEN") or api_token(workdir)
 
     import uvicorn
 
@@ -215,10 +226,16 @@ def cmd_server(args: argparse.Namespace) -> int:
     try:
         uvicorn.run(create_app(manager, token, frozenset(hosts)), host=args.host, port=args.port, log_level="warning")
     finally:
+        # Everything a restart needs is in the store; if Ray went down with us (a signal to the
+        # whole process group), calls into it would wait out Ray's own 60 s timeout, so give up sooner.
         stop.set()
-        loop.join(timeout=30)
-        manager.shutdown()
+        closer = threading.Thread(target=lambda: (loop.join(timeout=30), manager.shutdown()), daemon=True)
+        closer.start()
+        closer.join(timeout=args.shutdown_timeout_s)
         lock.release()
+        if closer.is_alive():
+            print(f"stopped without releasing every job (over {args.shutdown_timeout_s:g} s)", file=sys.stderr)
+            os._exit(0)
     return 0
 
 
@@ -328,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")
-    bench.add_argument("what", choices=["runtime", "scheduler", "placement"])
+    bench.add_argument("what", choices=["runtime", "scheduler", "placement", "chaos"])
     bench.add_argument("--steps", type=int, default=20, help="placement: steps per job")
     bench.add_argument("--quick", action="store_true", help="runtime: fewer repetitions")
     bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
@@ -336,7 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=21, help="scheduler: decisions timed")
     bench.add_argument("--policy", default="elastic", help="scheduler: policy to time")
     bench.add_argument("--scaling", action="store_true", help="scheduler: also time a grid of sizes")
-    bench.add_argument("--json", help="also write the JSON here")
+    bench.add_argument("--faults", type=int, default=50, help="chaos: faults to inject")
+    bench.add_argument("--seed", type=int, default=0, help="chaos: seed of the fault sequence")
+    bench.add_argument("--nodes-ray", type=int, default=3, help="chaos: Ray nodes (raylets) to start here")
+    bench.add_argument("--kinds", help="chaos: comma-separated fault kinds (default: all)")
+    bench.add_argument(
+        "--json", nargs="?", const="", default="", help="also write the JSON to this path (it is always printed)"
+    )
     bench.set_defaults(func=cmd_bench)
 
     train = sub.add_parser("train", help="train one program at a fixed shape (resumes from --checkpoint-dir)")
@@ -376,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     server.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
     server.add_argument("--interval-s", type=float, default=10.0, help="scheduling interval")
+    server.add_argument(
+        "--shutdown-timeout-s", type=float, default=20.0, help="on exit, give up stopping jobs after this long"
+    )
     server.add_argument(
         "--rescale-cost-s",
         type=float,
@@ -443,7 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(message)s")
     from elasticps.errors import ElasticPSError
 

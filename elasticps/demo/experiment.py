@@ -3,8 +3,10 @@
 A Ray cluster of ``nodes`` raylets runs on this machine
 (``ray.cluster_utils.Cluster``). Another tenant (a separate Ray driver) holds
 ``tenant_per_node`` CPUs on every node. Three jobs (a CNN on scikit-learn's
-digits, different lengths) are submitted to the configuration manager; after
-``tenant_s`` seconds the tenant ends. With the ``elastic`` policy the manager
+digits, different lengths) are submitted to the configuration manager; the
+tenant leaves ``tenant_s`` seconds after every job has reported its speed
+(counted from then, not from submission, so that how long tasks take to start
+on a busy machine does not change the scenario). With the ``elastic`` policy the manager
 hands the freed CPUs to the jobs; with ``static`` each job keeps the shape it
 started with. The same scenario runs under both, and the figures per job are
 compared.
@@ -85,6 +87,8 @@ class ScenarioResult:
     jobs: dict[str, dict[str, Any]]
     timeline: list[Sample] = field(default_factory=list)
     events: list[tuple[float, str | None, str, str]] = field(default_factory=list)
+    # every scheduling round: (t, {job: [ps, workers]}) as decided, before tasks start
+    rounds: list[tuple[float, dict[str, list[int]]]] = field(default_factory=list)
     makespan_s: float = 0.0
     cluster_cpus: float = 0.0
     mean_job_cpu_share: float = 0.0
@@ -96,7 +100,9 @@ class ScenarioResult:
     def from_dict(cls, d: dict[str, Any]) -> ScenarioResult:
         jobs = {n: {**j, "shapes": [tuple(x) for x in j["shapes"]]} for n, j in d["jobs"].items()}
         events = [tuple(e) for e in d["events"]]
-        return cls(**{**d, "jobs": jobs, "events": events, "timeline": [Sample(**s) for s in d["timeline"]]})
+        rounds = [tuple(r) for r in d.get("rounds", [])]
+        timeline = [Sample(**s) for s in d["timeline"]]
+        return cls(**{**d, "jobs": jobs, "events": events, "rounds": rounds, "timeline": timeline})
 
 
 def run_scenario(policy: str, setup: Setup, workdir: Path, say: Callable[[str], None] = print) -> ScenarioResult:
@@ -132,7 +138,7 @@ def run_scenario(policy: str, setup: Setup, workdir: Path, say: Callable[[str], 
         loop = threading.Thread(target=manager.run, args=(setup.interval_s, stop), daemon=True)
         loop.start()
         try:
-            timeline = _watch(manager, t0, setup, policy, say)
+            timeline = _watch(manager, t0, setup, policy, say, leave=workdir / "tenant.leave")
         finally:
             stop.set()
             loop.join(timeout=60)
@@ -151,7 +157,8 @@ def _start_tenant(address: str, setup: Setup, workdir: Path) -> subprocess.Popen
     ready = workdir / "tenant.ready"
     cmd = [sys.executable, "-m", "elasticps.demo.tenant", "--address", address]
     cmd += ["--per-node", str(setup.tenant_per_node), "--cpu-limit", str(setup.cores_per_cpu)]
-    cmd += ["--seconds", str(setup.tenant_s), "--ready-file", str(ready)]
+    cmd += ["--seconds", str(setup.timeout_s), "--ready-file", str(ready)]
+    cmd += ["--leave-file", str(workdir / "tenant.leave")]
     log = (workdir / "tenant.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     deadline = time.monotonic() + 180
@@ -163,10 +170,14 @@ def _start_tenant(address: str, setup: Setup, workdir: Path) -> subprocess.Popen
     return proc
 
 
-def _watch(manager: Manager, t0: float, setup: Setup, policy: str, say: Callable[[str], None]) -> list[Sample]:
-    """Sample the cluster every ``sample_s`` and print events and progress until every job ended."""
+def _watch(
+    manager: Manager, t0: float, setup: Setup, policy: str, say: Callable[[str], None], leave: Path
+) -> list[Sample]:
+    """Sample the cluster every ``sample_s`` and print events and progress until
+    every job ended; tell the tenant to leave ``tenant_s`` after every job ran."""
     timeline: list[Sample] = []
     last_event, last_line = 0, 0.0
+    all_running_at: float | None = None
     while True:
         now = time.time()
         ov = manager.overview()
@@ -185,6 +196,11 @@ def _watch(manager: Manager, t0: float, setup: Setup, policy: str, say: Callable
         for eid, at, job, _, message in manager.store.events(after_id=last_event):
             last_event = eid
             say(f"[{policy}] {at - t0:6.1f} s  {job or 'cluster'}: {message}")
+        if all_running_at is None and jobs and all(j["samples_per_s"] for j in jobs.values()):
+            all_running_at = now
+            say(f"[{policy}] {now - t0:6.1f} s  every job runs; the other tenant leaves in {setup.tenant_s:g} s")
+        if all_running_at is not None and now - all_running_at >= setup.tenant_s and not leave.exists():
+            leave.touch()
         if now - last_line >= 10:
             last_line = now
             say(f"[{policy}] {now - t0:6.1f} s  " + _progress_line(jobs, timeline[-1]))
@@ -236,6 +252,7 @@ def _result(policy: str, manager: Manager, t0: float, timeline: list[Sample], se
         jobs=jobs,
         timeline=timeline,
         events=[(round(at - t0, 2), job, kind, msg) for _, at, job, kind, msg in manager.store.events()],
+        rounds=[(round(at - t0, 2), {n: list(s) for n, s in d.items()}) for at, d in manager.decisions],
         makespan_s=round(end - t0, 2),
         cluster_cpus=cluster_cpus,
         mean_job_cpu_share=round(sum(job_cpu) / len(job_cpu) / cluster_cpus, 4) if job_cpu else 0.0,

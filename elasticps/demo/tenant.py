@@ -4,7 +4,8 @@ Run as ``python -m elasticps.demo.tenant --address A --per-node 2 --seconds 45``
 it connects to the cluster as its own Ray job, starts ``per-node`` one-CPU
 actors on every node that has CPUs, each doing real work within its CPU
 limit, writes ``--ready-file`` once they all run, and ends after
-``--seconds`` (its actors die with it, and their CPUs are free again).
+``--seconds``, or as soon as ``--leave-file`` exists (its actors die with it,
+and their CPUs are free again).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", required=True)
     parser.add_argument("--per-node", type=int, default=2)
     parser.add_argument("--cpu-limit", type=float, default=None)
-    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--seconds", type=float, required=True, help="leave after this long at most")
     parser.add_argument("--ready-file", type=Path)
+    parser.add_argument("--leave-file", type=Path, help="leave as soon as this file exists")
     args = parser.parse_args(argv)
     ray.init(address=args.address, log_to_driver=False, namespace="other-tenant")
     nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0)
@@ -60,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         a.work.remote()
     if args.ready_file:
         args.ready_file.write_text(f"{len(actors)}\n")
-    time.sleep(args.seconds)
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline and not (args.leave_file and args.leave_file.exists()):
+        time.sleep(0.2)
     ray.shutdown()
     return 0
 

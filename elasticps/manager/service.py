@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +145,8 @@ class Manager:
         self._start_failures: dict[str, int] = {}
         self._unfit: dict[str, str] = {}  # the "cannot fit" message last stored per job
         self._rounds = 0
+        # the latest rounds' decisions: (time, {job: (ps, workers)}), for reports and tests
+        self.decisions: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=1000)
 
     # -- commands (from the API's threads)
     def submit(self, spec: JobSpec) -> JobRecord:
@@ -224,6 +226,7 @@ class Manager:
             cluster = self.capacity.view(self._ours())
             self._note_unfit(views, cluster, now)
             decision, self.state = self.policy.decide(views, cluster, self.state)
+            self.decisions.append((now, dict(decision)))
             current = {n: live.asked_placement for n, live in self.live.items()}
             placed = place(views, decision, cluster, current, self.placement_method)
             for rec in records:
@@ -409,7 +412,8 @@ class Manager:
                 live.applied = applied
             if st.ended:
                 if st.state == "finished":
-                    self._retire(name, live, JobState.FINISHED, now, "job finished")
+                    metric = f", metric {st.metric:.6g}" if st.metric is not None else ""
+                    self._retire(name, live, JobState.FINISHED, now, f"job finished at step {st.step}{metric}")
                 elif st.state == "failed":
                     self._retire(name, live, JobState.FAILED, now, f"job failed: {st.error}")
                 else:  # stopped without being cancelled: start it again from its checkpoint

@@ -35,7 +35,8 @@ from elasticps.program import TrainingProgram, load_program
 from elasticps.runtime import tasks
 from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore
 from elasticps.runtime.config import JobConfig
-from elasticps.runtime.data import DataPosition, GlobalBatches, fetch_batch, split_evenly
+from elasticps.runtime.data import DataPosition, GlobalBatches, split_evenly
+from elasticps.runtime.evaluate import evaluate
 from elasticps.runtime.flat import flat_params, shard_bounds
 from elasticps.runtime.reports import (
     EpochReport,
@@ -615,22 +616,7 @@ class JobController:
         if self._eval_model is None:
             self._eval_model = self.program.build_model()
             self._eval_data = self.program.build_eval_dataset()
-        model = self._eval_model
-        params = self.parameters()
-        offset = 0
-        with torch.no_grad():
-            for p in (p for p in model.parameters() if p.requires_grad):
-                n = p.numel()
-                p.copy_(torch.from_numpy(params[offset : offset + n]).view_as(p))
-                offset += n
-            model.eval()
-            total, weighted = 0, 0.0
-            for lo in range(0, len(self._eval_data), 1024):
-                idx = np.arange(lo, min(lo + 1024, len(self._eval_data)))
-                x, y = fetch_batch(self._eval_data, idx)
-                weighted += float(self.program.metric(model(x), y)) * len(idx)
-                total += len(idx)
-        return weighted / total
+        return evaluate(self.program, self.parameters(), self._eval_model, self._eval_data)
 
     def _event(self, text: str) -> None:
         line = f"step {self.step}: {text}"

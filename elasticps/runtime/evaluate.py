@@ -1,0 +1,39 @@
+"""A program's metric (e.g. accuracy) for a flat parameter vector."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from elasticps.program import TrainingProgram
+from elasticps.runtime.data import fetch_batch
+
+EVAL_BATCH = 1024
+
+
+def evaluate(
+    program: TrainingProgram, params: np.ndarray, model: nn.Module | None = None, data: Any = None
+) -> float | None:
+    """The sample-weighted mean of ``program.metric`` over its eval dataset,
+    with ``params`` loaded into ``model`` (built if not given; so is ``data``)."""
+    if program.metric is None:
+        return None
+    model = model if model is not None else program.build_model()
+    data = data if data is not None else program.build_eval_dataset()
+    offset = 0
+    with torch.no_grad():
+        for p in (p for p in model.parameters() if p.requires_grad):
+            n = p.numel()
+            p.copy_(torch.from_numpy(params[offset : offset + n]).view_as(p))
+            offset += n
+        model.eval()
+        total, weighted = 0, 0.0
+        for lo in range(0, len(data), EVAL_BATCH):
+            idx = np.arange(lo, min(lo + EVAL_BATCH, len(data)))
+            x, y = fetch_batch(data, idx)
+            weighted += float(program.metric(model(x), y)) * len(idx)
+            total += len(idx)
+    return weighted / total
