@@ -11,6 +11,7 @@ import pytest
 from elasticps.errors import ProgramError
 from elasticps.manager import IllegalTransition, JobState, LimitsPatch, Manager, Retention, Store, parse_spec
 from elasticps.manager.fake import FakeCapacity, FakeRuntime
+from elasticps.manager.service import MAX_FAILURES, RESTART_BACKOFF_S
 from elasticps.manager.spec import Range
 from elasticps.manager.states import TRANSITIONS
 
@@ -171,7 +172,7 @@ def test_start_failures_then_failed_then_retry(env):
     assert manager.store.get_job("s").state == "running"
 
 
-def test_a_lost_driver_fails_the_job_and_losses_are_events(env):
+def test_a_lost_driver_restarts_the_job_and_three_failures_in_a_row_fail_it(env):
     manager, runtime, _ = env
     submit(manager, "l")
     manager.step()
@@ -181,12 +182,39 @@ def test_a_lost_driver_fails_the_job_and_losses_are_events(env):
     assert any(k == "loss" and "worker(s) died" in m for _, _, _, k, m in manager.store.events("l"))
     runtime.latest("l").lose_driver("the job's driver process is gone: node died")
     manager.step()
+    assert manager.store.get_job("l").state == "running"  # not lost: it starts again, after a pause
+    assert "node died" in manager.store.events("l")[-1][4] and "starts again" in manager.store.events("l")[-1][4]
+    manager.step()
+    assert len(runtime.jobs["l"]) == 1  # not yet: a node that just died may still look alive
+    for failures in (1, 2):
+        manager.clock.t += RESTART_BACKOFF_S * failures
+        manager.step()
+        assert len(runtime.jobs["l"]) == failures + 1  # started again from its checkpoint
+        runtime.latest("l").crash("PlacementError: cannot place ps-0: node n is not an alive Ray node")
+        manager.step()
     rec = manager.store.get_job("l")
-    assert rec.state == "failed"
-    assert "node died" in manager.store.events("l")[-1][4]
+    assert rec.state == "failed" and "PlacementError" in manager.store.events("l")[-1][4]
     manager.retry("l")
     manager.step()
-    assert manager.store.get_job("l").state == "running" and len(runtime.jobs["l"]) == 2
+    assert manager.store.get_job("l").state == "running" and len(runtime.jobs["l"]) == 4
+
+
+def test_progress_resets_the_failure_count_and_a_program_error_fails_at_once(env):
+    manager, runtime, _ = env
+    submit(manager, "p")
+    for _ in range(2 * MAX_FAILURES):  # fails, restarts and makes progress each time: never failed
+        manager.step()
+        manager.step()
+        manager.step()  # progress
+        runtime.latest("p").crash("RayActorError: a worker died")
+        manager.step()
+        manager.clock.t += RESTART_BACKOFF_S
+    assert manager.store.get_job("p").state == "running"
+    manager.step()
+    manager.step()
+    runtime.latest("p").crash("ProgramError: the loss raised ValueError: bad shape")
+    manager.step()
+    assert manager.store.get_job("p").state == "failed"
 
 
 def test_a_job_that_can_never_fit_says_why_once(env):

@@ -62,7 +62,14 @@ def test_runs_to_the_end_with_epoch_reports(ray_local, tmp_path):
     from elasticps.runtime import CheckpointStore
 
     assert CheckpointStore(tmp_path).latest().step == report.step
+    assert job.final_metric == report.epoch_reports[-1].metric
     job.shutdown()
+    # Resumed from that last checkpoint (a manager killed before it saw the end): no epoch runs,
+    # and the final metric is still there, computed from the restored parameters.
+    again = make_job(1, 1, program, checkpoint_dir=str(tmp_path))
+    assert again.run().epoch_reports == []
+    assert again.final_metric == pytest.approx(report.epoch_reports[-1].metric, abs=1e-9)
+    again.shutdown()
 
 
 def test_async_mode_trains_and_bounds_staleness(ray_local):

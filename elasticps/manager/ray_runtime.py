@@ -58,6 +58,7 @@ class JobDriver:
         c = self.controller
         r = c.report()
         new_events = r.events_total - after_event
+        last_epoch = r.epoch_reports[-1] if r.epoch_reports else None
         return JobStatus(
             state=r.state,
             ended=r.state in ("finished", "failed", "stopped") and not self.thread.is_alive(),
@@ -72,7 +73,7 @@ class JobDriver:
             events_total=r.events_total,
             remaining_samples=c.remaining_samples(),
             samples_per_epoch=c.samples_per_epoch(),
-            metric=r.epoch_reports[-1].metric if r.epoch_reports else None,
+            metric=c.final_metric if c.final_metric is not None else last_epoch.metric if last_epoch else None,
             error=r.error,
         )
 

@@ -54,7 +54,12 @@ from elasticps.sched.types import total_of
 log = logging.getLogger("elasticps.manager")
 
 #: Starts that may fail in a row before a job is failed.
-MAX_START_FAILURES = 3
+#: A job fails for good after this many failures in a row (to start, or while it runs) with
+#: no step of progress between them; before that it starts again from its latest checkpoint.
+MAX_FAILURES = 3
+#: Seconds to wait before starting a job again after its n-th failure in a row: n times this.
+#: Ray takes up to ~30 s to declare a killed node dead; a start placed on it meanwhile fails.
+RESTART_BACKOFF_S = 15.0
 #: Rounds between two prunings of old events and observations.
 PRUNE_EVERY_ROUNDS = 50
 
@@ -142,7 +147,8 @@ class Manager:
         self._max_ended = max_ended_reports
         self._lock = threading.RLock()  # commands and rounds, one at a time
         self._to_close: list[tuple[str, _Live]] = []  # handles to stop and release, drained by the loop
-        self._start_failures: dict[str, int] = {}
+        self._failures: dict[str, int] = {}  # failures in a row with no progress, per job
+        self._not_before: dict[str, float] = {}  # a job that failed starts again from then on
         self._unfit: dict[str, str] = {}  # the "cannot fit" message last stored per job
         self._rounds = 0
         # the latest rounds' decisions: (time, {job: (ps, workers)}), for reports and tests
@@ -201,7 +207,8 @@ class Manager:
                 name, JobState.PENDING, self.clock(), f"job {name} retried: it resumes from its latest checkpoint",
                 kind="retry",
             )  # fmt: skip
-            self._start_failures.pop(name, None)
+            self._failures.pop(name, None)
+            self._not_before.pop(name, None)
         self.wake.set()
         return rec
 
@@ -221,7 +228,7 @@ class Manager:
         with self._lock:
             now = self.clock()
             self._collect(now)
-            records = self.store.list_jobs(ACTIVE)
+            records = [r for r in self.store.list_jobs(ACTIVE) if r.name in self.live or self._may_start(r.name, now)]
             views = [v for v in (self._view(r, now) for r in records) if v is not None]
             cluster = self.capacity.view(self._ours())
             self._note_unfit(views, cluster, now)
@@ -355,8 +362,8 @@ class Manager:
             log.warning("job %s: could not %s: %s", rec.name, verb, exc)
             self.store.add_event(now, rec.name, "error", f"could not {verb}: {exc}")
             if live is None:
-                failures = self._start_failures[rec.name] = self._start_failures.get(rec.name, 0) + 1
-                if failures >= MAX_START_FAILURES:
+                failures = self._failures[rec.name] = self._failures.get(rec.name, 0) + 1
+                if failures >= MAX_FAILURES:
                     self._finish_state(rec.name, JobState.FAILED, now, f"job failed: {failures} starts failed: {exc}")
 
     def _start(self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float) -> None:
@@ -372,7 +379,6 @@ class Manager:
         launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement))
         handle = self.runtime.start(launch)
         self.live[rec.name] = _Live(handle, shape, dict(placement))
-        self._start_failures.pop(rec.name, None)
         self.store.set_desired(rec.name, shape)
         with_shape = f"with {shape[0]} PS x {shape[1]} workers"
         if rec.state == JobState.RUNNING:  # running in the store, not here: the manager was restarted
@@ -393,7 +399,7 @@ class Manager:
             try:
                 st = live.handle.poll(live.last_step, live.events_seen)
             except ElasticPSError as exc:  # the job's driver is gone: nothing of it runs any more
-                self._retire(name, live, JobState.FAILED, now, f"job failed: {exc}")
+                self._stopped_by_failure(name, live, now, str(exc))
                 news = True
                 continue
             live.status = st
@@ -401,6 +407,7 @@ class Manager:
                 if w.last_step > live.last_step:
                     self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
                     live.last_step = w.last_step
+                    self._failures.pop(name, None)  # progress: its earlier failures are behind it
             for text in st.events:
                 self.store.add_event(now, name, _event_kind(text), text)
                 if text.partition(": ")[2].startswith("rescale to") and "failed" in text:
@@ -415,12 +422,31 @@ class Manager:
                     metric = f", metric {st.metric:.6g}" if st.metric is not None else ""
                     self._retire(name, live, JobState.FINISHED, now, f"job finished at step {st.step}{metric}")
                 elif st.state == "failed":
-                    self._retire(name, live, JobState.FAILED, now, f"job failed: {st.error}")
+                    self._stopped_by_failure(name, live, now, st.error or "unknown error")
                 else:  # stopped without being cancelled: start it again from its checkpoint
                     self.live.pop(name)
                     self._to_close.append((name, live))
                 news = True  # its room is free
         return news
+
+    def _stopped_by_failure(self, name: str, live: _Live, now: float, why: str) -> None:
+        """A running job failed (its driver died, a task could not be placed on a
+        node that just left, ...): start it again from its latest checkpoint at
+        the next round, unless it has failed MAX_FAILURES times in a row without
+        progress or its program itself is at fault."""
+        failures = self._failures[name] = self._failures.get(name, 0) + 1
+        if failures >= MAX_FAILURES or why.startswith(ProgramError.__name__):
+            self._retire(name, live, JobState.FAILED, now, f"job failed: {why}")
+            return
+        self.live.pop(name, None)
+        self._to_close.append((name, live))
+        wait_s = RESTART_BACKOFF_S * failures
+        self._not_before[name] = now + wait_s
+        again = f"it starts again from its latest checkpoint in {wait_s:g} s ({failures}/{MAX_FAILURES})"
+        self.store.add_event(now, name, "error", f"job stopped: {why}; {again}")
+
+    def _may_start(self, name: str, now: float) -> bool:
+        return self._not_before.get(name, float("-inf")) <= now
 
     def _retire(self, name: str, live: _Live, state: JobState, now: float, message: str) -> None:
         self.live.pop(name, None)

@@ -131,6 +131,7 @@ class JobController:
         self.samples_seen = 0
         self.state = "created"
         self.error: str | None = None
+        self.final_metric: float | None = None  # the metric of the final parameters, once finished
 
         self._batches: GlobalBatches | None = None
         self._eval_model: torch.nn.Module | None = None
@@ -299,6 +300,9 @@ class JobController:
                     self._async_segment(budget)
             self._flush_window()
             if self.done or self._stop.is_set():
+                if self.done:  # resumed from a checkpoint taken at the very end, no epoch ran here
+                    last = self._epochs[-1] if self._epochs else None
+                    self.final_metric = last.metric if last and last.step == self.step else self._evaluate()
                 self.state = "finished" if self.done else "stopped"
                 if self._store:
                     self.checkpoint()
