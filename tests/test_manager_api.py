@@ -118,6 +118,9 @@ def test_the_boundary_refuses_cross_site_rebinding_and_oversized_requests(server
     own = str(client.base_url).rstrip("/")
     assert client.post("/jobs", content=spec, headers={**YAML, "Origin": own}).status_code == 201
     assert client.get("/healthz", headers={"Authorization": ""}).status_code == 200
+    # a kubelet's probe names the pod by its IP: /healthz answers any Host, nothing else does
+    assert client.get("/healthz", headers={"Host": "10.1.2.3:8000"}).status_code == 200
+    assert client.get("/", headers={"Host": "10.1.2.3:8000"}).status_code == 403
 
 
 def test_a_token_is_always_required(tmp_path):

@@ -5,7 +5,9 @@ with Ray's token authentication on when this process has not imported Ray yet),
 the manager runs as its own process (``elasticps server --ray-address``), and
 jobs (the digits MLP, ``sync`` mode, checkpoints every 25 steps) are submitted
 through the REST API so that ``jobs_at_once`` of them are active. Every
-``fault_every_s`` one fault, drawn at random:
+fault, once every active job has trained ``settle_steps`` steps since the
+last one (so that each fault hits a job that recovered), one fault is drawn
+at random among those that have a target at that moment:
 
 - ``kill_worker`` / ``kill_ps``: SIGKILL one worker / PS process of a running job;
 - ``kill_server``: SIGKILL the manager process, then start it again on the same
@@ -63,7 +65,9 @@ class ChaosConfig:
     cpus_per_node: int = 4
     jobs_at_once: int = 3
     epochs: int = 30
-    fault_every_s: float = 5.0
+    fault_every_s: float = 3.0  # at least this long between faults
+    settle_steps: int = 20  # and until every active job trained this many steps (or settle_timeout_s)
+    settle_timeout_s: float = 90.0
     interval_s: float = 3.0
     drain_timeout_s: float = 900.0
     kinds: tuple[str, ...] = FAULTS
@@ -108,6 +112,7 @@ def run(cfg: ChaosConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
     if ray.is_initialized():
         raise RuntimeError("the chaos benchmark starts its own Ray cluster; shut down the current one first")
     t0 = time.monotonic()
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # a stopped benchmark still takes its cluster down
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     server: _Server | None = None
     try:
@@ -122,7 +127,7 @@ def run(cfg: ChaosConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
         chaos = _Chaos(cfg, cluster, server, ledger, rng, say, t0)
         while len(ledger.faults) < cfg.faults:
             chaos.keep_jobs_running()
-            time.sleep(cfg.fault_every_s)
+            chaos.settle()
             chaos.inject()
         say(f"chaos: {len(ledger.faults)} faults injected; waiting for every job to end")
         final = chaos.drain()
@@ -138,6 +143,10 @@ def run(cfg: ChaosConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
         if server is not None:
             server.stop()
         cluster.shutdown()
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _ray_auth(work: Path) -> str:
@@ -243,6 +252,25 @@ class _Chaos:
             if all(j["state"] in ENDED for j in jobs.values()) or time.monotonic() > deadline:
                 return jobs
             time.sleep(2.0)
+
+    def settle(self) -> None:
+        """Wait until every active job has trained ``settle_steps`` steps since the last fault
+        (at most ``settle_timeout_s``): each fault then hits a job that recovered from the last."""
+
+        def steps() -> dict[str, int]:
+            return {
+                n: (j.get("progress") or {}).get("step", -1) for n, j in self.server.jobs().items()
+                if j["state"] not in ENDED and n not in self.ledger.cancelled
+            }  # fmt: skip
+
+        time.sleep(self.cfg.fault_every_s)
+        before = steps()
+        deadline = time.monotonic() + self.cfg.settle_timeout_s
+        while time.monotonic() < deadline:
+            now = steps()
+            if all(now.get(n, 1 << 30) >= s + self.cfg.settle_steps for n, s in before.items()):
+                return
+            time.sleep(1.0)
 
     # -- faults
     def inject(self) -> None:
