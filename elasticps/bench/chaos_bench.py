@@ -131,7 +131,8 @@ def run(cfg: ChaosConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
             chaos.inject()
         say(f"chaos: {len(ledger.faults)} faults injected; waiting for every job to end")
         final = chaos.drain()
-        result = _check(cfg, ledger, final, server, say)
+        reference = _reference_accuracy(cfg, set(ledger.submitted.values()), say)
+        result = check(ledger, final, server.request("GET", "/events").json(), reference)
         result.update(
             workload=f"{PROGRAM} (MLP on digits, sync, {cfg.epochs} epochs, checkpoint every 25 steps)",
             config=asdict(cfg),
@@ -370,11 +371,15 @@ def _processes() -> list[tuple[int, int, str]]:
 _METRIC = re.compile(r"metric ([0-9.eE+-]+)")
 
 
-def _check(
-    cfg: ChaosConfig, ledger: Ledger, final: dict[str, dict[str, Any]], server: _Server, say: Callable[[str], None]
+def check(
+    ledger: Ledger, final: dict[str, dict[str, Any]], events: list[dict[str, Any]], reference: dict[int, float]
 ) -> dict[str, Any]:
-    violations: dict[str, list[str]] = {k: [] for k in ("acknowledged_submits", "cancels_final", "all_terminal")}
-    violations |= {"none_failed": [], "accuracy": []}
+    """The invariants, from what the manager acknowledged (``ledger``), the jobs
+    it lists at the end (``final``, by name), its events, and each program
+    seed's fault-free accuracy (``reference``)."""
+    violations: dict[str, list[str]] = {
+        k: [] for k in ("acknowledged_submits", "cancels_final", "all_terminal", "none_failed", "accuracy")
+    }
     for name in ledger.submitted:
         if name not in final:
             violations["acknowledged_submits"].append(f"{name} is missing")
@@ -382,43 +387,40 @@ def _check(
         state = final.get(name, {}).get("state")
         if state != "cancelled":
             violations["cancels_final"].append(f"{name} was cancelled, ended {state}")
+    finished_events = {e["job"]: e["message"] for e in events if e["kind"] == "finished"}
+    diffs = []
     for name, job in final.items():
         if job["state"] not in ENDED:
             violations["all_terminal"].append(f"{name} is still {job['state']}")
         if job["state"] == "failed":
             violations["none_failed"].append(name)
-    reference = _reference_accuracy(cfg, {ledger.submitted[n] for n in final if n in ledger.submitted}, say)
-    accuracies: dict[str, float] = {}  # finished job -> its final accuracy
-    for name, job in final.items():
-        if job["state"] != "finished":
+        if job["state"] != "finished" or name not in ledger.submitted:
             continue
-        events = server.request("GET", "/events", params={"job": name}).json()
-        found = [_METRIC.search(e["message"]) for e in events if e["kind"] == "finished"]
-        if not found or found[-1] is None:
+        found = _METRIC.search(finished_events.get(name, ""))
+        if found is None:
             violations["accuracy"].append(f"{name}: no final accuracy stored")
             continue
-        acc = accuracies[name] = float(found[-1].group(1))
-        ref = reference[ledger.submitted[name]]
-        if abs(acc - ref) > ACCURACY_TOLERANCE:
+        acc, ref = float(found.group(1)), reference[ledger.submitted[name]]
+        diffs.append(abs(acc - ref))
+        if diffs[-1] > ACCURACY_TOLERANCE:
             violations["accuracy"].append(f"{name}: {acc:.4f} vs {ref:.4f} fault-free")
-    diffs = [abs(a - reference[ledger.submitted[n]]) for n, a in accuracies.items()]
-    events = server.request("GET", "/events").json()
-    states = Counter(j["state"] for j in final.values())
     return {
         "faults_injected": len(ledger.faults),
         "faults_by_kind": dict(Counter(f.kind for f in ledger.faults)),
         "invariants_violated": sum(len(v) for v in violations.values()),
         "invariants": {k: {"violations": len(v), "examples": v[:5]} for k, v in violations.items()},
-        "jobs": dict(states),
+        "jobs": dict(Counter(j["state"] for j in final.values())),
         "cancels_acknowledged": len(ledger.cancelled),
         "accuracy": {
             "fault_free": {str(k): round(v, 4) for k, v in reference.items()},
+            "finished_jobs_checked": len(diffs),
             "max_abs_diff": round(max(diffs, default=0.0), 6),
         },
         "recovery_events": {
             "checkpoints_set_aside": sum("set aside" in e["message"] for e in events),
             "restarted_from_checkpoint": sum("restarted from its latest checkpoint" in e["message"] for e in events),
             "task_or_node_losses": sum(e["kind"] == "loss" for e in events),
+            "jobs_stopped_and_started_again": sum(e["message"].startswith("job stopped:") for e in events),
         },
         "faults": [asdict(f) for f in ledger.faults],
     }
