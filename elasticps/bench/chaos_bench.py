@@ -66,8 +66,8 @@ class ChaosConfig:
     jobs_at_once: int = 3
     epochs: int = 30
     fault_every_s: float = 3.0  # at least this long between faults
-    settle_steps: int = 20  # and until every active job trained this many steps (or settle_timeout_s)
-    settle_timeout_s: float = 90.0
+    settle_steps: int = 10  # and until every active job trained this many steps (or settle_timeout_s)
+    settle_timeout_s: float = 45.0
     interval_s: float = 3.0
     drain_timeout_s: float = 900.0
     kinds: tuple[str, ...] = FAULTS

@@ -123,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from elasticps.sim import SimConfig, load_workload, simulate, synthetic_workload
+    from elasticps.sim import SimConfig, gain_captured, load_workload, simulate, synthetic_workload
 
     workload = load_workload(args.workload) if args.workload else synthetic_workload(args.jobs, seed=args.seed)
     policies = args.compare.split(",") if args.compare else [args.policy]
@@ -153,6 +153,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
         for path in write_plots(results, args.plot):
             print(f"wrote {path}", file=sys.stderr)
+    for name, share in gain_captured(results).items():
+        results[name].metrics["gain_captured"] = round(share, 4)
     if len(results) > 1:
         _print_table(results)
         data = {name: r.to_dict() for name, r in results.items()}
@@ -168,9 +170,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def _print_table(results: dict) -> None:
     cols = ["avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "mean_utilization", "cross_node_bytes", "rescales"]
+    if any("gain_captured" in r.metrics for r in results.values()):
+        cols.append("gain_captured")  # (static - policy) / (static - oracle), avg JCT
     print(f"{'policy':10s} " + " ".join(f"{c:>16s}" for c in cols))
     for name, r in results.items():
-        print(f"{name:10s} " + " ".join(f"{r.metrics[c]:16.4g}" for c in cols))
+        print(f"{name:10s} " + " ".join(f"{r.metrics.get(c, float('nan')):16.4g}" for c in cols))
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -451,7 +455,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--node-cpu", type=float, default=32.0)
     sim.add_argument("--interval-s", type=float, default=300.0, help="scheduling interval")
     sim.add_argument("--rescale-pause-s", type=float, default=30.0)
-    sim.add_argument("--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic"])
+    sim.add_argument(
+        "--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic", "oracle"],
+        help="oracle: elastic's decisions knowing every job's true speed (the bound to measure against)",
+    )  # fmt: skip
     sim.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"])
     sim.add_argument("--placement", default="locality", choices=["locality", "spread", "pack", "optimus"])
     sim.add_argument("--seed", type=int, default=0)

@@ -50,6 +50,7 @@ from elasticps.sched import ClusterView, JobView, Observation, PolicyState, Reso
 from elasticps.sched.fit import fit_problem
 from elasticps.sched.policies.base import Policy
 from elasticps.sched.types import total_of
+from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 
 log = logging.getLogger("elasticps.manager")
 
@@ -529,25 +530,20 @@ class Manager:
             current = live.asked  # asked for; the job switches at its next step boundary
             if live.status is not None and live.status.remaining_samples is not None:
                 remaining = float(max(1, live.status.remaining_samples))
-        min_ps, min_w = spec.ps.min, spec.workers.min
-        max_ps, max_w = spec.ps.max, spec.workers.max
-        explore = None
+        limits = ShapeLimits(spec.ps.min, spec.ps.max, spec.workers.min, spec.workers.max)
         if live is not None and (live.status is None or (live.status.num_ps, live.status.num_workers) != live.asked):
             # starting, or a rescale in flight: judged again once the runtime reports it applied (or failed)
-            (min_ps, min_w), (max_ps, max_w) = live.asked, live.asked
-        elif not model.shapes:
-            max_ps, max_w = min_ps, min_w
-        elif not model.confident and current is not None:
-            explore = model.explore(current, spec.ps.max, spec.workers.max)
-            if explore is not None:
-                max_ps, max_w = max(current[0], explore[0]), max(current[1], explore[1])
+            (p, w) = live.asked
+            plan = ViewPlan(model.predict, ShapeLimits(p, p, w, w))
+        else:
+            plan = plan_view(model, limits, current)  # the simulator's rule too
         return JobView(
             id=rec.name,
-            speed=model.predict,
-            min_ps=min_ps,
-            max_ps=max_ps,
-            min_workers=min_w,
-            max_workers=max_w,
+            speed=plan.speed,
+            min_ps=plan.limits.min_ps,
+            max_ps=plan.limits.max_ps,
+            min_workers=plan.limits.min_workers,
+            max_workers=plan.limits.max_workers,
             ps_resources=Resources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_gb=spec.ps.memory_gb),
             worker_resources=Resources(cpu=spec.workers.cpu, gpu=spec.workers.gpu, memory_gb=spec.workers.memory_gb),
             remaining_samples=remaining,
@@ -555,7 +551,7 @@ class Manager:
             objective=spec.objective,
             arrival=rec.submitted_at,
             waited_s=now - rec.submitted_at if live is None else 0.0,
-            explore=explore,
+            explore=plan.explore,
         )
 
     def _ours(self) -> dict[str, Resources]:

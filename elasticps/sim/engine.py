@@ -6,7 +6,9 @@ placed with cross-node fraction c of its PS traffic runs at
     samples/s = M / (t0*M/w + t1 + t2*(w/p)*(c + (1 - c)*LOCAL) + t3*w + t4*p)
 
 (the Optimus form, the PS-traffic term cheaper by ``local_traffic_factor`` for
-same-node pairs). Each interval a running job reports that speed times
+same-node pairs). The ``oracle`` policy decides with that function (tasks
+assumed spread over as few nodes as hold them) instead of fitted models.
+Each interval a running job reports that speed times
 (1 + noise), and the policy's :class:`~elasticps.sched.SpeedModel` of the job is
 refitted from those reports, as the live manager does. With ``fleet_prior``, a
 job whose own model is not yet confident is judged by a model fitted on the
@@ -28,7 +30,12 @@ from elasticps.placement import cross_node_bytes_per_step, place
 from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
 from elasticps.sched.policies import make_policy
 from elasticps.sched.synthetic import ModelKind
+from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 from elasticps.sim.workload import KINDS, WorkloadJob
+
+#: ``--policy oracle``: the elastic policy's decisions, admission and placement,
+#: made knowing each job's true speed (a bound on what learning the speeds can give).
+ORACLE = "oracle"
 
 
 @dataclass(frozen=True)
@@ -80,15 +87,29 @@ class SimResult:
         return out
 
 
+def kind_speed(kind: ModelKind, p: int, w: int, cross: float, local_factor: float) -> float:
+    """Ground-truth samples/s at (p, w) when ``cross`` of the PS traffic crosses nodes."""
+    if w < 1 or p < 1:
+        return 0.0
+    t0, t1, t2, t3, t4 = kind.theta
+    m = kind.batch
+    traffic = cross + (1.0 - cross) * local_factor
+    return m / (t0 * m / w + t1 + t2 * (w / p) * traffic + t3 * w + t4 * p)
+
+
 def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_factor: float) -> float:
     if w < 1 or p < 1:
         return 0.0
-    t0, t1, t2, t3, t4 = job.kind.theta
-    m = job.kind.batch
     total = 2.0 * job.kind.param_bytes * w
     cross = cross_node_bytes_per_step(placement, job.kind.param_bytes) / total if placement else 1.0
-    traffic = cross + (1.0 - cross) * local_factor
-    return m / (t0 * m / w + t1 + t2 * (w / p) * traffic + t3 * w + t4 * p)
+    return kind_speed(job.kind, p, w, cross, local_factor)
+
+
+def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: float) -> float:
+    """Ground-truth samples/s of a shape whose tasks are spread evenly over
+    ``nodes`` nodes: a worker's PS traffic crosses nodes for the 1 - 1/nodes of
+    PS shards that are elsewhere."""
+    return kind_speed(kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -100,7 +121,11 @@ def _percentile(values: list[float], q: float) -> float:
 
 def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = None) -> SimResult:
     rng = random.Random(config.seed)
-    policy = make_policy(config.policy, objective=config.objective, rescale_cost_s=config.rescale_pause_s)
+    oracle = config.policy == ORACLE
+    # the oracle decides with the elastic policy's code; only what it knows differs
+    policy = make_policy(
+        "elastic" if oracle else config.policy, objective=config.objective, rescale_cost_s=config.rescale_pause_s
+    )
     state = PolicyState()
     capacity = Resources(cpu=config.node_cpu, memory_gb=config.node_memory_gb)
     tenant = {f"n{i:04d}": 0.0 for i in range(config.nodes)}
@@ -126,33 +151,33 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             return 0.0
         return true_speed(job, *job.shape, job.placement, config.local_traffic_factor)
 
-    kind_models: dict[str, SpeedModel] = {}
+    kind_models: dict[str, SpeedModel] = {}  # the fleet prior: one model per kind, from every job's reports
 
-    def speed_of(job: _Job):
-        """The job's own model once it is confident; before that, a model fitted on
-        every observation of jobs of the same kind (a fleet prior), if that is."""
-        if job.model.confident or not config.fleet_prior:
-            return job.model.predict
-        pooled = kind_models.get(job.kind.name)
-        return pooled.predict if pooled is not None and pooled.confident else job.model.predict
+    def oracle_speed(job: _Job):
+        """The job's true speed, with its tasks over as few nodes as they fit in."""
+        s = job.spec
+
+        def speed(p: int, w: int) -> float:
+            nodes = math.ceil((s.ps_cpu * p + s.worker_cpu * w) / config.node_cpu - 1e-9)
+            return spanned_speed(job.kind, p, w, nodes, config.local_traffic_factor)
+
+        return speed
 
     def view(job: _Job) -> JobView:
         s = job.spec
-        max_ps, max_w = s.max_ps, s.max_workers
-        explore = None
-        if not job.observations:  # nothing known yet: start at the minimum
-            max_ps, max_w = s.min_ps, s.min_workers
-        elif not job.model.confident and job.shape is not None:
-            explore = job.model.explore(job.shape, s.max_ps, s.max_workers)
-            if explore is not None:  # explore one informative shape at a time
-                max_ps, max_w = max(job.shape[0], explore[0]), max(job.shape[1], explore[1])
+        limits = ShapeLimits(s.min_ps, s.max_ps, s.min_workers, s.max_workers)
+        if oracle:  # it knows every shape's speed: nothing to explore
+            plan = ViewPlan(oracle_speed(job), limits)
+        else:
+            prior = kind_models.get(job.kind.name) if config.fleet_prior else None
+            plan = plan_view(job.model, limits, job.shape, (s.static_ps, s.static_workers), prior)
         return JobView(
             id=s.id,
-            speed=speed_of(job),
-            min_ps=s.min_ps,
-            max_ps=max_ps,
-            min_workers=s.min_workers,
-            max_workers=max_w,
+            speed=plan.speed,
+            min_ps=plan.limits.min_ps,
+            max_ps=plan.limits.max_ps,
+            min_workers=plan.limits.min_workers,
+            max_workers=plan.limits.max_workers,
             ps_resources=Resources(cpu=s.ps_cpu, memory_gb=s.ps_memory_gb),
             worker_resources=Resources(cpu=s.worker_cpu, memory_gb=s.worker_memory_gb),
             remaining_samples=job.remaining,
@@ -160,7 +185,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             static_shape=(s.static_ps, s.static_workers),
             arrival=s.arrival_s,
             waited_s=t - s.arrival_s if job.started is None else 0.0,
-            explore=explore,
+            explore=plan.explore,
         )
 
     def schedule() -> None:
@@ -267,3 +292,15 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     }
     cfg = {k: getattr(config, k) for k in config.__dataclass_fields__}
     return SimResult(cfg, metrics, jct, util_series, {j: jobs[j].history for j in jobs})
+
+
+def gain_captured(results: dict[str, SimResult]) -> dict[str, float]:
+    """Per policy, (static - policy) / (static - oracle) of the average JCT: the
+    share of the gain over static that knowing every speed gives, captured
+    (needs ``static`` and ``oracle`` among the results)."""
+    if "static" not in results or ORACLE not in results:
+        return {}
+    static, best = results["static"].metrics["avg_jct_s"], results[ORACLE].metrics["avg_jct_s"]
+    if static - best <= 0:
+        return {}
+    return {name: (static - r.metrics["avg_jct_s"]) / (static - best) for name, r in results.items()}

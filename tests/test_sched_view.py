@@ -1,0 +1,39 @@
+"""The one rule, shared by the manager and the simulator, for what a policy may choose for a job."""
+
+from __future__ import annotations
+
+from elasticps.sched import Observation, SpeedModel
+from elasticps.sched.view import ShapeLimits, plan_view
+
+LIMITS = ShapeLimits(1, 4, 1, 8)
+
+
+def _speed(p: int, w: int) -> float:
+    return 64 / (0.01 * 64 / w + 0.02 + 0.005 * w / p + 0.001 * w)
+
+
+def _model(*shapes: tuple[int, int]) -> SpeedModel:
+    return SpeedModel(64).fit([Observation(p, w, _speed(p, w)) for p, w in shapes])
+
+
+def test_a_new_job_starts_at_the_asked_shape_or_its_minimum():
+    plan = plan_view(SpeedModel(64), LIMITS, None, start=(2, 4))
+    assert plan.limits == ShapeLimits(2, 2, 4, 4) and plan.explore is None
+    assert plan_view(SpeedModel(64), LIMITS, None, start=(9, 0)).limits == ShapeLimits(4, 4, 1, 1)  # clipped
+    assert plan_view(SpeedModel(64), LIMITS, None).limits == ShapeLimits(1, 1, 1, 1)
+
+
+def test_one_shape_seen_explores_one_step_and_a_confident_model_frees_the_range():
+    plan = plan_view(_model((1, 2)), LIMITS, (1, 2))
+    assert plan.explore == (1, 4) and plan.limits == ShapeLimits(1, 1, 1, 4)
+    confident = _model((1, 2), (1, 4), (2, 4))
+    plan = plan_view(confident, LIMITS, (2, 4))
+    assert plan.limits == LIMITS and plan.explore is None and plan.speed(2, 4) > 0
+
+
+def test_a_confident_fleet_prior_lets_a_new_job_go_straight_to_its_best_shape():
+    prior = _model((1, 2), (1, 4), (2, 4), (2, 8))
+    plan = plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=prior)
+    assert plan.limits == LIMITS and plan.speed(2, 8) == prior.predict(2, 8)
+    unsure = _model((1, 2))
+    assert plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=unsure).limits == ShapeLimits(1, 1, 1, 1)
