@@ -205,3 +205,26 @@ def test_logs_and_the_live_status_view(server, monkeypatch, capsys):
     out, _ = capsys.readouterr()
     assert "step     21  epoch 1 done in 1.6 s, metric 0.9300" in out
     assert re.search(r"done\s+finished\s+1x2\s+\[#{10}\.{10}\] 1/2\s+1280\s+0\.9300", out), out
+
+
+def test_the_cli_finds_the_token_in_the_workdir_then_env_then_flag(server, tmp_path, monkeypatch, capsys):
+    from elasticps.cli.main import main
+    from elasticps.manager.workdir import api_token
+
+    client, _ = server
+    url = str(client.base_url).rstrip("/")
+    monkeypatch.delenv("ELASTICPS_TOKEN", raising=False)
+    state = tmp_path / "state"
+    made = api_token(state)  # what a server makes at first start: 64 hex digits, 0600
+    assert len(made) == 64 and (state / "token").stat().st_mode & 0o777 == 0o600
+    (state / "token").write_text("s3cret\n")  # this test server's token
+    assert main(["status", "--url", url, "--workdir", str(state)]) == 0
+    assert main(["status", "--url", url, "--workdir", str(tmp_path / "none")]) == 2  # no token: 401
+    assert main(["status", "--url", url, "--workdir", str(tmp_path / "none"), "--token", "s3cret"]) == 0
+    monkeypatch.setenv("ELASTICPS_TOKEN", "wrong")
+    assert main(["status", "--url", url, "--workdir", str(state)]) == 2  # the environment wins over the file
+    monkeypatch.delenv("ELASTICPS_TOKEN")
+    (state / "token").chmod(0o644)
+    assert main(["status", "--url", url, "--workdir", str(state)]) == 2
+    err = capsys.readouterr().err
+    assert "401" in err and "readable by other users; run: chmod 600" in err
