@@ -340,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--policies", default="static,elastic", help="comma-separated policies to compare")
     demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
-    demo.add_argument("--tenant-s", type=float, help="seconds the other tenant holds its CPUs (default 45)")
+    demo.add_argument(
+        "--tenant-s", type=float, help="the other tenant leaves this long after every job ran (default 15)"
+    )
     demo.add_argument("--html", default="out/demo/report.html", help="where to write the HTML report")
     demo.add_argument("--json", help="write the figures (and timelines) here")
     demo.add_argument(

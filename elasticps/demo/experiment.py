@@ -45,7 +45,7 @@ class Setup:
     cpus_per_node: int = 4
     cores_per_cpu: float = 0.125
     tenant_per_node: int = 2
-    tenant_s: float = 45.0
+    tenant_s: float = 15.0
     epochs: tuple[int, ...] = (30, 40, 50)
     interval_s: float = 10.0
     max_ps: int = 2
