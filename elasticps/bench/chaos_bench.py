@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 
-from elasticps.manager.workdir import RAY_TOKEN_FILE, secret_file
+from elasticps.manager.workdir import ray_token_auth
 
 FAULTS = ("kill_worker", "kill_ps", "kill_server", "kill_node", "corrupt_checkpoint", "cancel_race")
 PROGRAM = "elasticps.examples.digits:program"
@@ -156,9 +156,7 @@ def _ray_auth(work: Path) -> str:
     if "ray" in sys.modules:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         return os.environ["RAY_AUTH_MODE"]
-    secret_file(work, RAY_TOKEN_FILE)
-    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(work / RAY_TOKEN_FILE))
-    os.environ.pop("RAY_AUTH_TOKEN", None)
+    ray_token_auth(work)
     return "token"
 
 

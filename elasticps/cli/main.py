@@ -180,21 +180,16 @@ def _print_table(results: dict) -> None:
 def cmd_server(args: argparse.Namespace) -> int:
     import threading
 
-    from elasticps.manager.workdir import RAY_TOKEN_FILE, WorkdirLock, api_token, secret_file
+    from elasticps.manager.workdir import WorkdirLock, api_token, ray_token_auth
 
     workdir = Path(args.workdir)
-    if args.ray_address in (None, "", "local"):
-        # Ray's own token authentication for the cluster we start: its ports listen on every
-        # interface, so without it any host that reaches them could run code (docs/security.md).
-        # Ray reads RAY_AUTH_MODE once, when it is imported (and `elasticps` imports it), so the
-        # process starts again with the variables set; the same PID, the same arguments.
-        ray_token = str((workdir / RAY_TOKEN_FILE).resolve())
-        if os.environ.get("RAY_AUTH_MODE") != "token" or os.environ.get("RAY_AUTH_TOKEN_PATH") != ray_token:
-            secret_file(workdir, RAY_TOKEN_FILE)
-            os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=ray_token)
-            os.environ.pop("RAY_AUTH_TOKEN", None)
-            sys.stdout.flush()
-            os.execv(sys.executable, [sys.executable, "-m", "elasticps", *args.argv])
+    # Ray's own token authentication for the cluster we start: its ports listen on every
+    # interface, so without it any host that reaches them could run code (docs/security.md).
+    # Ray reads the variables once, when it is imported, so the process starts again with
+    # them set; the same PID, the same arguments.
+    if args.ray_address in (None, "", "local") and ray_token_auth(workdir):
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "elasticps", *args.argv])
     lock = WorkdirLock(workdir)  # one manager per workdir: a second one stops here
     token = args.token or os.environ.get("ELASTICPS_TOKEN") or api_token(workdir)
 

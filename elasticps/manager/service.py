@@ -54,7 +54,6 @@ from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 
 log = logging.getLogger("elasticps.manager")
 
-#: Starts that may fail in a row before a job is failed.
 #: A job fails for good after this many failures in a row (to start, or while it runs) with
 #: no step of progress between them; before that it starts again from its latest checkpoint.
 MAX_FAILURES = 3
@@ -363,7 +362,7 @@ class Manager:
             log.warning("job %s: could not %s: %s", rec.name, verb, exc)
             self.store.add_event(now, rec.name, "error", f"could not {verb}: {exc}")
             if live is None:
-                failures = self._failures[rec.name] = self._failures.get(rec.name, 0) + 1
+                failures = self._count_failure(rec.name)
                 if failures >= MAX_FAILURES:
                     self._finish_state(rec.name, JobState.FAILED, now, f"job failed: {failures} starts failed: {exc}")
 
@@ -435,7 +434,7 @@ class Manager:
         node that just left, ...): start it again from its latest checkpoint at
         the next round, unless it has failed MAX_FAILURES times in a row without
         progress or its program itself is at fault."""
-        failures = self._failures[name] = self._failures.get(name, 0) + 1
+        failures = self._count_failure(name)
         if failures >= MAX_FAILURES or why.startswith(ProgramError.__name__):
             self._retire(name, live, JobState.FAILED, now, f"job failed: {why}")
             return
@@ -445,6 +444,11 @@ class Manager:
         self._not_before[name] = now + wait_s
         again = f"it starts again from its latest checkpoint in {wait_s:g} s ({failures}/{MAX_FAILURES})"
         self.store.add_event(now, name, "error", f"job stopped: {why}; {again}")
+
+    def _count_failure(self, name: str) -> int:
+        """One more failure of ``name`` (to start, or while running) since its last progress; how many now."""
+        self._failures[name] = self._failures.get(name, 0) + 1
+        return self._failures[name]
 
     def _may_start(self, name: str, now: float) -> bool:
         return self._not_before.get(name, float("-inf")) <= now

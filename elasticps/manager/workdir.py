@@ -78,6 +78,20 @@ def read_secret(path: str | Path) -> str:
     return value
 
 
+def ray_token_auth(workdir: str | Path) -> bool:
+    """Set this process's environment for Ray's token authentication with the
+    token in ``workdir/ray-token`` (made, 0600, if missing). Ray reads these
+    variables once, when it is imported: True if they changed (then the process
+    must start again, or not have imported Ray yet)."""
+    path = str((Path(workdir) / RAY_TOKEN_FILE).resolve())
+    if os.environ.get("RAY_AUTH_MODE") == "token" and os.environ.get("RAY_AUTH_TOKEN_PATH") == path:
+        return False
+    secret_file(workdir, RAY_TOKEN_FILE)
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=path)
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    return True
+
+
 def api_token(workdir: str | Path) -> str:
     return secret_file(workdir, TOKEN_FILE)
 
