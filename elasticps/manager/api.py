@@ -21,6 +21,7 @@ event loop. Every error is ``{"detail": "..."}`` with a 4xx status.
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from importlib import resources
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -187,6 +188,17 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
 
     deps = [Depends(auth)]
 
+    def command(run: Callable[[], JobRecord], name: str | None = None) -> JobOut:
+        """Run a manager command; its errors as HTTP errors (a missing job is a 404 when one is named)."""
+        try:
+            return _job_json(run(), manager)
+        except ElasticPSError as exc:
+            raise _http_error(exc, name) from exc
+        except KeyError as exc:
+            if name is None:
+                raise
+            raise _http_error(exc, name) from exc
+
     def job_or_404(name: str) -> JobRecord:
         try:
             return manager.store.get_job(name)
@@ -200,14 +212,7 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
     async def submit(request: Request) -> JobOut:
         """Submit a job spec (YAML or JSON)."""
         body, fmt = await _read_body(request)
-
-        def work() -> JobOut:
-            try:
-                return _job_json(manager.submit(parse_spec(body, fmt)), manager)
-            except ElasticPSError as exc:
-                raise _http_error(exc) from exc
-
-        return await run_in_threadpool(work)
+        return await run_in_threadpool(command, lambda: manager.submit(parse_spec(body, fmt)))
 
     @app.get("/jobs", dependencies=deps, response_model=list[JobOut], responses=ERRORS)
     def list_jobs() -> list[JobOut]:
@@ -220,18 +225,12 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
     @app.delete("/jobs/{name}", dependencies=deps, response_model=JobOut, responses=ERRORS)
     def cancel(name: str) -> JobOut:
         """Cancel: final and idempotent; 409 if the job already finished or failed."""
-        try:
-            return _job_json(manager.cancel(name), manager)
-        except (KeyError, ElasticPSError) as exc:
-            raise _http_error(exc, name) from exc
+        return command(lambda: manager.cancel(name), name)
 
     @app.post("/jobs/{name}/retry", dependencies=deps, response_model=JobOut, responses=ERRORS)
     def retry(name: str) -> JobOut:
         """Queue a failed job again; it resumes from its latest intact checkpoint."""
-        try:
-            return _job_json(manager.retry(name), manager)
-        except (KeyError, ElasticPSError) as exc:
-            raise _http_error(exc, name) from exc
+        return command(lambda: manager.retry(name), name)
 
     @app.patch(
         "/jobs/{name}", dependencies=deps, response_model=JobOut, responses=ERRORS,
@@ -240,14 +239,7 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
     async def set_limits(name: str, request: Request) -> JobOut:
         """Change min/max: ``{"ps": {"min": 1, "max": 2}, "workers": {"min": 1, "max": 4}}``."""
         body, fmt = await _read_body(request)
-
-        def work() -> JobOut:
-            try:
-                return _job_json(manager.set_limits(name, parse_limits(body, fmt)), manager)
-            except (KeyError, ElasticPSError) as exc:
-                raise _http_error(exc, name) from exc
-
-        return await run_in_threadpool(work)
+        return await run_in_threadpool(command, lambda: manager.set_limits(name, parse_limits(body, fmt)), name)
 
     @app.get("/jobs/{name}/logs", dependencies=deps, response_model=list[LogLine], responses=ERRORS)
     def logs(name: str, after_step: int = -1) -> list[dict[str, Any]]:
