@@ -31,9 +31,10 @@ def test_speed_model_recovers_the_optimus_coefficients():
     truth = optimus_speed(batch=256)
     shapes = [(1, 1), (1, 2), (2, 2), (2, 4), (3, 6), (1, 4)]
     model = SpeedModel(256).fit([Observation(p, w, truth(p, w)) for p, w in shapes])
-    assert model.confident
+    best = max(((p, w) for p in range(1, 9) for w in range(1, 17)), key=lambda s: truth(*s))
+    assert best in model.probes(1, 8, 1, 16, count=10)  # far from the data, the best is worth a look
     for p, w in [(4, 8), (2, 10), (6, 3)]:
-        assert model.predict(p, w) == pytest.approx(truth(p, w), rel=1e-6)
+        assert model.predict(p, w) == pytest.approx(truth(p, w), rel=0.01)  # the weak prior pulls a little
 
 
 def test_speed_model_with_one_shape_is_conservative_and_exact_there():
@@ -41,8 +42,49 @@ def test_speed_model_with_one_shape_is_conservative_and_exact_there():
     model = SpeedModel(128).fit([Observation(1, 2, truth(1, 2))])
     assert model.predict(1, 2) == pytest.approx(truth(1, 2), rel=1e-6)
     assert 0 < model.predict(4, 16) <= 2 * truth(4, 16)  # never wildly optimistic
-    assert not model.confident
-    assert model.explore((1, 2), max_ps=4, max_workers=8) == (1, 4)  # more workers first
+    assert not model.confident(1, 4, 1, 8)
+    probes = model.probes(1, 4, 1, 8)
+    assert probes and (1, 2) not in probes  # only shapes not seen
+    assert model.relative_std(4, 8) > model.relative_std(1, 2)  # far from the data: less sure
+
+
+def test_speed_model_probes_vary_both_kinds_and_stop_once_nothing_can_beat_the_best():
+    truth = optimus_speed(batch=128)
+    seen = [(1, 1)]
+    for _ in range(12):
+        model = SpeedModel(128).fit([Observation(p, w, truth(p, w)) for p, w in seen])
+        probes = model.probes(1, 4, 1, 8)
+        if not probes:
+            break
+        seen.append(probes[0])
+    assert not model.probes(1, 4, 1, 8), f"still probing after {seen}"
+    assert len({p for p, _ in seen}) > 1 and len({w for _, w in seen}) > 1  # PS and workers both varied
+    best = max(truth(p, w) for p in range(1, 5) for w in range(1, 9))
+    chosen = max(((p, w) for p in range(1, 5) for w in range(1, 9)), key=lambda s: model.predict(*s))
+    assert truth(*chosen) >= 0.9 * best
+
+
+def test_speed_model_repeated_observations_weigh_but_do_not_outvote_the_rest():
+    truth = optimus_speed(batch=128)
+    once = [Observation(p, w, truth(p, w)) for p, w in [(1, 1), (1, 4), (2, 4), (2, 8), (4, 8)]]
+    many = once + [Observation(1, 1, truth(1, 1) * 1.3)] * 200
+    model = SpeedModel(128).fit(many)
+    assert model.predict(4, 8) == pytest.approx(truth(4, 8), rel=1e-9)  # a seen shape: its own observations
+    assert model.predict(3, 6) == pytest.approx(truth(3, 6), rel=0.15)
+
+
+def test_speed_model_learns_what_spanning_more_nodes_costs():
+    def truth(p: int, w: int, nodes: int) -> float:
+        cross = 1 - 1 / nodes
+        return 128 / (0.004 * 128 / w + 0.02 + 0.06 * (w / p) * (0.25 + 0.75 * cross) + 0.002 * w + 0.004 * p)
+
+    def span(p: int, w: int) -> int:
+        return -(-(p + w) // 4)
+
+    shapes = [(1, 1), (1, 3), (2, 2), (2, 6), (1, 7), (3, 5), (4, 4), (2, 4)]
+    model = SpeedModel(128, span=span).fit([Observation(p, w, truth(p, w, span(p, w)), span(p, w)) for p, w in shapes])
+    for p, w in [(3, 7), (1, 2), (4, 6)]:
+        assert model.predict(p, w) == pytest.approx(truth(p, w, span(p, w)), rel=0.05)
 
 
 def test_speed_model_async_form():
@@ -54,7 +96,7 @@ def test_speed_model_async_form():
 
     shapes = [(1, 1), (1, 2), (2, 2), (2, 4), (3, 3)]
     model = SpeedModel(m, mode="async").fit([Observation(p, w, truth(p, w)) for p, w in shapes])
-    assert model.predict(4, 8) == pytest.approx(truth(4, 8), rel=1e-6)
+    assert model.predict(4, 8) == pytest.approx(truth(4, 8), rel=0.01)
 
 
 def test_speed_model_without_data_predicts_nothing():

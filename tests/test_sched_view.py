@@ -23,16 +23,18 @@ def test_a_new_job_starts_at_the_asked_shape_or_its_minimum():
     assert plan_view(SpeedModel(64), LIMITS, None).limits == ShapeLimits(1, 1, 1, 1)
 
 
-def test_one_shape_seen_explores_one_step_and_a_confident_model_frees_the_range():
+def test_one_shape_seen_probes_and_a_confident_model_frees_the_range():
     plan = plan_view(_model((1, 2)), LIMITS, (1, 2))
-    assert plan.explore == (1, 4) and plan.limits == ShapeLimits(1, 1, 1, 4)
-    confident = _model((1, 2), (1, 4), (2, 4))
+    assert plan.explore is not None and plan.explore != (1, 2) and plan.explore == plan.probes[0]
+    assert plan.limits.max_ps == max(1, *(s[0] for s in plan.probes))
+    assert plan.limits.max_workers == max(2, *(s[1] for s in plan.probes))
+    confident = _model(*[(p, w) for p in range(1, 5) for w in range(1, 9)])
     plan = plan_view(confident, LIMITS, (2, 4))
     assert plan.limits == LIMITS and plan.explore is None and plan.speed(2, 4) > 0
 
 
 def test_a_confident_fleet_prior_lets_a_new_job_go_straight_to_its_best_shape():
-    prior = _model((1, 2), (1, 4), (2, 4), (2, 8))
+    prior = _model(*[(p, w) for p in range(1, 5) for w in range(1, 9)])
     plan = plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=prior)
     assert plan.limits == LIMITS and plan.speed(2, 8) == prior.predict(2, 8)
     unsure = _model((1, 2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -93,14 +94,15 @@ def test_cli_compare_writes_json_and_plots(tmp_path, capsys):
         assert (tmp_path / "plots" / name).stat().st_size > 5000
 
 
-def test_elastic_has_the_best_average_jct_on_the_documented_workload():
-    # docs/simulator.md: 300 synthetic jobs on 32 nodes, seed 0 (the table's first block)
+def test_elastic_is_within_one_percent_of_the_best_policy_on_the_documented_workload():
+    # docs/simulator.md: 300 synthetic jobs on 32 nodes, seed 0 (the contended table's first row;
+    # there optimus is 0.2% better, the one run of eight where elastic is not the best)
     work = synthetic_workload(300, seed=0)
     jct = {
         p: simulate(work, SimConfig(nodes=32, policy=p, seed=0)).metrics["avg_jct_s"]
         for p in ("static", "greedy", "optimus", "elastic")
     }
-    assert min(jct, key=jct.get) == "elastic", jct
+    assert jct["elastic"] <= 1.01 * min(jct.values()), jct
     assert jct["elastic"] < 0.7 * jct["static"]
 
 
@@ -117,3 +119,25 @@ def test_the_oracle_bounds_the_others_and_elastic_captures_most_of_its_gain():
     assert share["static"] == 0.0 and share["oracle"] == 1.0
     assert 0.6 <= share["elastic"] < 1.0, share
     assert gain_captured({"elastic": results["elastic"]}) == {}  # needs static and oracle to mean anything
+
+
+def test_a_workload_that_can_never_fit_is_refused_at_once_not_simulated_for_ever(capsys):
+
+    assert main(["sim", "--jobs", "5", "--nodes", "1", "--node-cpu", "4", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "job job-00000 cannot fit" in err and "1 nodes x 4 CPU" in err and "Traceback" not in err
+    work = synthetic_workload(3, seed=0)
+    big = [dataclasses.replace(work[0], static_ps=8, static_workers=16, max_ps=8, max_workers=16)]
+    with pytest.raises(ConfigError, match="static shape"):
+        simulate(big, SimConfig(nodes=2, policy="static"))
+    simulate(big, SimConfig(nodes=2, policy="elastic"))  # elastic may run it smaller
+
+
+def test_progress_is_one_line_per_tenth_when_not_a_terminal(capsys):
+    from elasticps.cli.main import _progress_printer
+
+    progress = _progress_printer("elastic")
+    for done in range(101):
+        progress(done * 60.0, done, 100)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 11 and "\r" not in "".join(lines) and lines[-1].endswith("100/100 jobs done")

@@ -71,7 +71,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "placement":
         from elasticps.bench import placement_bench
 
-        _write_json(args.json, placement_bench.run(steps=args.steps))
+        _write_json(args.json, placement_bench.run(steps=args.steps or 20))
         return 0
     if args.what == "scheduler":
         from elasticps.bench import scheduler_bench
@@ -89,7 +89,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = chaos_bench.run(config, say=lambda line: print(line, file=sys.stderr, flush=True))
         _write_json(args.json, result)
         return 0 if result["invariants_violated"] == 0 else 1
+    if args.what == "shapes":
+        from elasticps.bench import shapes_bench
+
+        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        _write_json(args.json, shapes_bench.run(steps=args.steps or 8, say=say))
+        return 0
+    if args.what == "explore":
+        from elasticps.bench import explore_bench
+
+        _write_json(args.json, explore_bench.run(args.grid, probes=_int_list(args.probes)))
+        return 0
     raise SystemExit(f"unknown benchmark {args.what!r}")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"expected comma-separated integers, got {text!r}") from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -141,12 +159,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
 
-        def progress(t: float, done: int, total: int, policy: str = policy) -> None:
-            if not args.quiet:
-                print(f"\r{policy}: t={t / 3600:6.1f} h, {done}/{total} jobs done", end="", file=sys.stderr, flush=True)
-
-        results[policy] = simulate(workload, config, progress)
-        if not args.quiet:
+        results[policy] = simulate(workload, config, None if args.quiet else _progress_printer(policy))
+        if not args.quiet and sys.stderr.isatty():
             print(file=sys.stderr)
     if args.plot:
         from elasticps.sim.plots import write_plots
@@ -166,6 +180,23 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if len(results) == 1 and not args.json:
         print(json.dumps(data, indent=2, default=str))
     return 0
+
+
+def _progress_printer(policy: str):
+    """Progress on stderr: one line rewritten in place on a terminal; else a
+    line at each tenth of the jobs done (logs stay readable)."""
+    tty = sys.stderr.isatty()
+    shown = [-1]
+
+    def progress(t: float, done: int, total: int) -> None:
+        line = f"{policy}: t={t / 3600:6.1f} h, {done}/{total} jobs done"
+        if tty:
+            print(f"\r{line}", end="", file=sys.stderr, flush=True)
+        elif (tenth := done * 10 // max(1, total)) > shown[0]:
+            shown[0] = tenth
+            print(line, file=sys.stderr, flush=True)
+
+    return progress
 
 
 def _print_table(results: dict) -> None:
@@ -346,8 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")
-    bench.add_argument("what", choices=["runtime", "scheduler", "placement", "chaos"])
-    bench.add_argument("--steps", type=int, default=20, help="placement: steps per job")
+    bench.add_argument("what", choices=["runtime", "scheduler", "placement", "chaos", "shapes", "explore"])
+    bench.add_argument(
+        "--steps", type=int, default=None, help="placement: steps per job (20); shapes: steps timed per shape (8)"
+    )
     bench.add_argument("--quick", action="store_true", help="runtime: fewer repetitions")
     bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
     bench.add_argument("--nodes", type=int, default=256, help="scheduler: number of nodes")
@@ -358,6 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0, help="chaos: seed of the fault sequence")
     bench.add_argument("--nodes-ray", type=int, default=3, help="chaos: Ray nodes (raylets) to start here")
     bench.add_argument("--kinds", help="chaos: comma-separated fault kinds (default: all)")
+    bench.add_argument(
+        "--grid", default="docs/results/bench-shapes.json", help="explore: a measured grid from 'bench shapes'"
+    )
+    bench.add_argument("--probes", default="3,5,8", help="explore: report the choice after this many probes")
     bench.add_argument(
         "--json", nargs="?", const="", default="", help="also write the JSON to this path (it is always printed)"
     )

@@ -556,6 +556,7 @@ class Manager:
             arrival=rec.submitted_at,
             waited_s=now - rec.submitted_at if live is None else 0.0,
             explore=plan.explore,
+            probes=plan.probes,
         )
 
     def _ours(self) -> dict[str, Resources]:

@@ -1,28 +1,53 @@
 """A job's speed as a function of (#PS p, #workers w), learned from its epochs.
 
-The Optimus model (Peng et al., EuroSys'18), M the global batch:
+The Optimus model (Peng et al., EuroSys'18), M the global batch, extended
+with where the PS traffic goes (c: the fraction of it that crosses nodes,
+1 - 1/n for tasks spread over n nodes):
 
-    sync :  1/f = t0*M/w + t1 + t2*w/p + t3*w + t4*p     (f: steps/s; samples/s = M*f)
-              compute split over w | fixed | PS bandwidth per shard | worker overheads | PS overheads
-    async:  f = w / (t0 + t1*w/p + t2*w + t3*p)            (f: worker steps/s; samples/s = f*M/w)
+    sync :  1/f = t0*M/w + t1 + (w/p)*(tl*(1-c) + tx*c) + t3*w + t4*p     (f: steps/s; samples/s = M*f)
+              compute over w | fixed | PS traffic, same node / across nodes | worker and PS overheads
+    async:  f = w / (t0 + (w/p)*(tl*(1-c) + tx*c) + t2*w + t3*p)         (f: worker steps/s; samples/s = f*M/w)
 
-Both are linear in the non-negative t's once rewritten (sync: y = M/speed;
-async: y = M/speed, same features without the M/w term), so they are fitted
-by non-negative least squares. With fewer distinct shapes than coefficients
-the fit is pulled towards a conservative prior (70% of the observed step is
-compute, 30% PS traffic) by ridge rows; the prior fades as shapes accumulate.
+Both are linear in the non-negative t's once rewritten (y = M/speed), so they
+are fitted by non-negative least squares, with one row per distinct shape
+(the mean of its observations, weighted by how many there are, up to
+:data:`WEIGHT_CAP`) and a weak prior row per coefficient: 70% of the latest
+observed step is compute and 30% PS traffic, traffic across nodes
+:data:`CROSS_COST` times dearer than on one node, each coefficient free to be
+off by as much as the whole step. Directions the data do not pin down stay at
+the prior, with that prior's wide uncertainty.
+
+The fit's uncertainty (the covariance of the coefficients, with the
+observations' noise estimated from the residuals, never below
+:data:`NOISE_FLOOR`) decides exploration: :meth:`SpeedModel.probes` ranks the
+shapes not yet seen by an optimistic speed, predicted x (1 + OPTIMISM x
+relative std), and keeps those that could beat the best speed seen by more
+than ``min_gain``. A model with nothing left worth probing is confident; a
+model whose predictions miss by more than the noise has larger residuals,
+hence a wider uncertainty, and probes again.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import nnls
 
-PRIOR_WEIGHT = 1.0  # weight of each prior row relative to one observation
 COMPUTE_SHARE = 0.7
+CROSS_COST = 4.0  # prior: a byte between nodes costs this many times one within a node
+NOISE_FLOOR = 0.03  # relative std of one observation, at least
+OPTIMISM = 1.5  # probes are ranked by predicted speed x (1 + OPTIMISM x relative std)
+MAX_RELATIVE_STD = 1.0  # extrapolation far from the data counts no more optimistic than this
+WEIGHT_CAP = 10  # repeated observations of one shape weigh as at most this many
+MIN_GAIN = 0.02  # a probe must be able to beat the best speed seen by this much
+IDENTIFIED_SHAPES = 5  # distinct shapes a pooled model needs (and both kinds varied)
+
+#: How many nodes a shape's tasks span once placed, for predictions.
+SpanFn = Callable[[int, int], int]
 
 
 @dataclass(frozen=True)
@@ -30,86 +55,167 @@ class Observation:
     num_ps: int
     num_workers: int
     samples_per_s: float
+    nodes: int = 1  # the nodes the job's tasks were on
 
 
 class SpeedModel:
-    """``fit(observations)`` then ``predict(p, w)`` (samples/s); callable as ``model(p, w)``."""
+    """``fit(observations)`` then ``predict(p, w)`` (samples/s); callable as ``model(p, w)``.
 
-    def __init__(self, batch_size: int, mode: str = "sync") -> None:
+    ``span(p, w)``: the nodes a shape would span once placed (by default 1: the
+    speed then does not depend on placement).
+    """
+
+    def __init__(self, batch_size: int, mode: str = "sync", span: SpanFn | None = None) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, got {mode!r}")
         self.batch = float(batch_size)
         self.mode = mode
+        self.span = span
         self.theta: np.ndarray | None = None
+        self.cov: np.ndarray | None = None
         self.shapes: set[tuple[int, int]] = set()
+        self.best_seen = 0.0  # the highest mean speed of one (shape, nodes) observed
+        self.noise = NOISE_FLOOR
+        self._seen: dict[tuple[int, int, int], float] = {}  # mean samples/s of each (p, w, nodes) observed
+        self._probes: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
 
-    # sync: [M/w, 1, w/p, w, p]; async: [1, w/p, w, p] (times w/M folded into y)
-    def _features(self, p: int, w: int) -> list[float]:
+    def with_span(self, span: SpanFn | None) -> SpeedModel:
+        """The same fit, predicting for tasks that span ``span(p, w)`` nodes (a
+        fleet prior judged for one job, whose tasks may be sized differently)."""
+        other = copy.copy(self)
+        other.span, other._probes = span, {}
+        return other
+
+    def _nodes(self, p: int, w: int) -> int:
+        return max(1, self.span(p, w)) if self.span is not None else 1
+
+    # sync: [M/w, 1, w/p same node, w/p across, w, p]; async: the same without M/w
+    def _features(self, p: int, w: int, nodes: int) -> list[float]:
+        cross = 1.0 - 1.0 / max(1, nodes)
         w_over_p = w / p if p > 0 else 0.0
-        if self.mode == "sync":
-            return [self.batch / w, 1.0, w_over_p, float(w), float(p)]
-        return [1.0, w_over_p, float(w), float(p)]
+        tail = [w_over_p * (1.0 - cross), w_over_p * cross, float(w), float(p)]
+        return [self.batch / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
 
-    def _target(self, o: Observation) -> float:
-        # sync: step time M/speed; async: w/f with f = speed*w/M  ->  M/speed as well
-        return self.batch / o.samples_per_s
+    def _prior(self, o: Observation) -> np.ndarray:
+        """Coefficients that explain ``o``'s step as 70% compute, 30% PS traffic."""
+        step = self.batch / o.samples_per_s
+        p, w = max(o.num_ps, 1), o.num_workers
+        cross = 1.0 - 1.0 / max(1, o.nodes)
+        local = (1 - COMPUTE_SHARE) * step * p / w / ((1.0 - cross) + CROSS_COST * cross)
+        compute = [COMPUTE_SHARE * step * w / self.batch, 0.0] if self.mode == "sync" else [COMPUTE_SHARE * step]
+        return np.asarray([*compute, local, CROSS_COST * local, 0.0, 0.0])
 
     def fit(self, observations: list[Observation]) -> SpeedModel:
         obs = [o for o in observations if o.samples_per_s > 0 and o.num_workers > 0]
+        self._probes = {}
         if not obs:
-            self.theta, self.shapes = None, set()
+            self.theta, self.cov, self.shapes, self.best_seen, self._seen = None, None, set(), 0.0, {}
             return self
-        self.shapes = {(o.num_ps, o.num_workers) for o in obs}
-        rows = [self._features(o.num_ps, o.num_workers) for o in obs]
-        ys = [self._target(o) for o in obs]
-        n_coef = len(rows[0])
-        deficit = n_coef - len(self.shapes)
-        if deficit > 0:  # too few shapes to tell the terms apart: lean on the prior
-            prior = self._prior(obs[-1])
-            scale = np.mean(ys)
-            for i in range(n_coef):
-                row = [0.0] * n_coef
-                row[i] = PRIOR_WEIGHT * deficit * scale / max(prior[i], 1e-12) if prior[i] > 0 else PRIOR_WEIGHT
-                rows.append(row)
-                ys.append(row[i] * prior[i])
-        theta, _ = nnls(np.asarray(rows), np.asarray(ys))
-        self.theta = theta
+        groups: dict[tuple[int, int, int], list[float]] = {}
+        for o in obs:
+            groups.setdefault((o.num_ps, o.num_workers, max(1, o.nodes)), []).append(self.batch / o.samples_per_s)
+        keys = sorted(groups)
+        x = np.asarray([self._features(*k) for k in keys])
+        y = np.asarray([float(np.mean(groups[k])) for k in keys])
+        n = np.asarray([min(len(groups[k]), WEIGHT_CAP) for k in keys], dtype=float)
+        self.shapes = {(p, w) for p, w, _ in keys}
+        self._seen = {k: float(np.mean([self.batch / v for v in groups[k][-WEIGHT_CAP:]])) for k in keys}
+        self.best_seen = max(self._seen.values())
+        # the prior: its mean from the latest observation, its width the whole step
+        prior = self._prior(obs[-1])
+        scale = np.mean(np.abs(np.asarray([self._features(p, w, 2) for p, w, _ in keys])), axis=0)
+        ref = float(np.mean(y))
+        prior_precision = np.where(scale > 0, scale / ref, 1.0 / ref) ** 2
+        noise = NOISE_FLOOR
+        for _ in range(2):  # once with the floor, once with the noise the residuals show
+            weight = np.sqrt(n) / (noise * y)
+            a = np.vstack([x * weight[:, None], np.diag(np.sqrt(prior_precision))])
+            b = np.concatenate([y * weight, np.sqrt(prior_precision) * prior])
+            theta, _ = nnls(a, b)
+            fitted = {k: float(np.dot(theta, row)) for k, row in zip(keys, x, strict=True)}
+            resid = [
+                (self.batch / o.samples_per_s - fitted[k]) / fitted[k]
+                for o in obs
+                if (k := (o.num_ps, o.num_workers, max(1, o.nodes))) and fitted[k] > 0
+            ]
+            noise = max(NOISE_FLOOR, math.sqrt(float(np.mean(np.square(resid)))) if resid else NOISE_FLOOR)
+        self.theta, self.noise = theta, noise
+        self.cov = np.linalg.pinv(a.T @ a)
         return self
 
-    def _prior(self, o: Observation) -> list[float]:
-        step = self._target(o)
-        p, w = max(o.num_ps, 1), o.num_workers
-        if self.mode == "sync":
-            return [COMPUTE_SHARE * step * w / self.batch, 0.0, (1 - COMPUTE_SHARE) * step * p / w, 0.0, 0.0]
-        return [COMPUTE_SHARE * step, (1 - COMPUTE_SHARE) * step * p / w, 0.0, 0.0]
-
     def predict(self, p: int, w: int) -> float:
-        """Predicted samples/s (0 without observations or for w < 1)."""
+        """Predicted samples/s (0 without observations or for w < 1): the mean
+        of the latest observations where the shape was seen on as many nodes,
+        else the fitted form."""
         if self.theta is None or w < 1:
             return 0.0
-        y = float(np.dot(self.theta, self._features(p, w)))
+        seen = self.observed(p, w)
+        if seen is not None:
+            return seen
+        y = float(np.dot(self.theta, self._features(p, w, self._nodes(p, w))))
         if y <= 0:
             return 0.0
         return self.batch / y  # both forms: y = M / samples_per_s
 
     __call__ = predict
 
-    @property
-    def confident(self) -> bool:
-        return len(self.shapes) >= 3
+    def relative_std(self, p: int, w: int) -> float:
+        """The fit's uncertainty of the speed at (p, w), relative to the prediction."""
+        if self.theta is None or self.cov is None or w < 1:
+            return math.inf
+        x = np.asarray(self._features(p, w, self._nodes(p, w)))
+        y = float(np.dot(self.theta, x))
+        return math.sqrt(max(0.0, float(x @ self.cov @ x))) / y if y > 0 else math.inf
 
-    def explore(self, current: tuple[int, int], max_ps: int, max_workers: int) -> tuple[int, int] | None:
-        """A shape not yet observed that tells the most: first more workers (the
-        compute term), then another PS (the traffic term), then both."""
-        p, w = current
-        for cand in (
-            (p, min(max_workers, 2 * w)),
-            (min(max_ps, p + 1), w),
-            (min(max_ps, p + 1), min(max_workers, 2 * w)),
-        ):
-            if cand not in self.shapes and cand != current:
-                return cand
-        return None
+    def probes(
+        self, min_ps: int, max_ps: int, min_workers: int, max_workers: int, count: int = 3
+    ) -> list[tuple[int, int]]:
+        """Up to ``count`` shapes not yet seen, best first by optimistic speed,
+        that could beat the best speed seen by more than :data:`MIN_GAIN`;
+        empty when nothing within the limits is worth probing (confident)."""
+        key = (min_ps, max_ps, min_workers, max_workers)
+        if key in self._probes:
+            return self._probes[key][:count]
+        if self.theta is None or self.cov is None:
+            return []
+        cands = [
+            (p, w)
+            for p in range(min_ps, max_ps + 1)
+            for w in range(max(1, min_workers), max_workers + 1)
+            if (p, w) not in self.shapes
+        ]
+        if not cands:
+            self._probes[key] = []
+            return []
+        x = np.asarray([self._features(p, w, self._nodes(p, w)) for p, w in cands])
+        y = x @ self.theta
+        sd = np.sqrt(np.maximum(0.0, np.einsum("ij,jk,ik->i", x, self.cov, x)))
+        ok = y > 0
+        speed = np.where(ok, self.batch / np.where(ok, y, 1.0), 0.0)
+        rel = np.minimum(np.where(ok, sd / np.where(ok, y, 1.0), MAX_RELATIVE_STD), MAX_RELATIVE_STD)
+        optimistic = speed * (1.0 + OPTIMISM * rel)
+        order = sorted(range(len(cands)), key=lambda i: (-optimistic[i], cands[i]))
+        bar = self.best_seen * (1.0 + MIN_GAIN)
+        self._probes[key] = [cands[i] for i in order if optimistic[i] > bar]
+        return self._probes[key][:count]
+
+    @property
+    def identified(self) -> bool:
+        """Enough distinct shapes, varying both kinds, to tell every term of the
+        form apart (what a fleet prior pooled over many jobs needs to be used)."""
+        return (
+            len(self.shapes) >= IDENTIFIED_SHAPES
+            and len({p for p, _ in self.shapes}) > 1
+            and len({w for _, w in self.shapes}) > 1
+        )
+
+    def observed(self, p: int, w: int) -> float | None:
+        """The mean of the latest observations of (p, w) on the nodes it would span, if any."""
+        return self._seen.get((p, w, self._nodes(p, w)))
+
+    def confident(self, min_ps: int, max_ps: int, min_workers: int, max_workers: int) -> bool:
+        """Seen something, and no shape within the limits is worth probing."""
+        return self.theta is not None and not self.probes(min_ps, max_ps, min_workers, max_workers, count=1)
 
 
 class LossCurve:

@@ -101,6 +101,7 @@ class JobView:
     arrival: float = 0.0
     waited_s: float = 0.0
     explore: tuple[int, int] | None = field(default=None, compare=False)
+    probes: tuple[tuple[int, int], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not (0 <= self.min_ps <= self.max_ps) or not (1 <= self.min_workers <= self.max_workers):

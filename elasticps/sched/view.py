@@ -1,13 +1,16 @@
 """What a policy may choose for a job this round, from what is known of its
 speed: one rule for the live manager and the simulator.
 
-- Its own model is confident: any shape within its limits, judged by that model.
-- Not yet, but a fleet prior (a model fitted on jobs of the same kind) is:
-  any shape, judged by the prior. A new job starts at the prior's best, not
-  at its minimum, and moves to its target in one rescale.
+- Its own model is confident (nothing within the limits worth probing, see
+  :meth:`SpeedModel.probes`): any shape within its limits, judged by that model.
+- Not yet, but a fleet prior (a model fitted on jobs of the same kind) has
+  seen enough shapes to tell its terms apart (:attr:`SpeedModel.identified`):
+  any shape, judged by the job's own observations where it has them and by
+  the prior elsewhere. A new job starts at the prior's best, not at its
+  minimum, and moves to its target in one rescale.
 - Nothing known: the shape the user asked for (``start``), or the minimum.
-- Some shapes seen, no confident model: the current shape or one exploration
-  step beyond it (:meth:`SpeedModel.explore`).
+- Some shapes seen, no confident model: up to the current shape or the probes
+  (best first; the policy takes the first that fits in the room left).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from dataclasses import dataclass
 
 from elasticps.sched.speed import SpeedModel
 from elasticps.sched.types import SpeedFn
+
+#: Probes offered to the policy, best first: it takes the first that fits.
+PROBES = 8
 
 
 @dataclass(frozen=True)
@@ -31,12 +37,27 @@ class ShapeLimits:
             min(self.max_workers, max(self.min_workers, shape[1])),
         )
 
+    def astuple(self) -> tuple[int, int, int, int]:
+        return self.min_ps, self.max_ps, self.min_workers, self.max_workers
+
 
 @dataclass(frozen=True)
 class ViewPlan:
     speed: SpeedFn
     limits: ShapeLimits
-    explore: tuple[int, int] | None = None
+    probes: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def explore(self) -> tuple[int, int] | None:
+        return self.probes[0] if self.probes else None
+
+
+def _own_else(model: SpeedModel, prior: SpeedModel) -> SpeedFn:
+    def speed(p: int, w: int) -> float:
+        seen = model.observed(p, w)
+        return prior.predict(p, w) if seen is None else seen
+
+    return speed
 
 
 def plan_view(
@@ -47,17 +68,22 @@ def plan_view(
     prior: SpeedModel | None = None,
 ) -> ViewPlan:
     """The speed function and the range of shapes a policy may choose from for
-    one job (see the module's docstring); ``prior`` counts only if confident."""
-    if model.confident:
+    one job (see the module's docstring); ``prior`` counts only if identified."""
+    if model.confident(*limits.astuple()):
         return ViewPlan(model.predict, limits)
-    if prior is not None and prior.confident:
-        return ViewPlan(prior.predict, limits)
+    if prior is not None and prior.identified:
+        return ViewPlan(_own_else(model, prior), limits)
     if not model.shapes:
         p, w = limits.clip(start) if start is not None else (limits.min_ps, limits.min_workers)
         return ViewPlan(model.predict, ShapeLimits(p, p, w, w))
-    explore = model.explore(current, limits.max_ps, limits.max_workers) if current is not None else None
-    if explore is None:
+    probes = tuple(model.probes(*limits.astuple(), count=PROBES)) if current is not None else ()
+    if not probes:
         return ViewPlan(model.predict, limits)
     assert current is not None
-    grown = ShapeLimits(limits.min_ps, max(current[0], explore[0]), limits.min_workers, max(current[1], explore[1]))
-    return ViewPlan(model.predict, grown, explore)
+    grown = ShapeLimits(
+        limits.min_ps,
+        max(current[0], *(s[0] for s in probes)),
+        limits.min_workers,
+        max(current[1], *(s[1] for s in probes)),
+    )
+    return ViewPlan(model.predict, grown, probes)

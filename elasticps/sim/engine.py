@@ -26,8 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from elasticps.errors import ConfigError
 from elasticps.placement import cross_node_bytes_per_step, place
 from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
+from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.policies import make_policy
 from elasticps.sched.synthetic import ModelKind
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
@@ -119,7 +121,39 @@ def _percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def check_fits(workload: list[WorkloadJob], config: SimConfig) -> None:
+    """Raise :class:`ConfigError` naming the first job that could never run on
+    the empty modelled cluster (it would wait for ever)."""
+    capacity = Resources(cpu=config.node_cpu, memory_gb=config.node_memory_gb)
+    cluster = ClusterView(tuple(NodeView(f"n{i:04d}", capacity) for i in range(config.nodes)))
+    for spec in workload:
+        view = JobView(
+            id=spec.id,
+            speed=lambda p, w: 0.0,
+            min_ps=spec.min_ps,
+            max_ps=spec.max_ps,
+            min_workers=spec.min_workers,
+            max_workers=spec.max_workers,
+            ps_resources=Resources(cpu=spec.ps_cpu, memory_gb=spec.ps_memory_gb),
+            worker_resources=Resources(cpu=spec.worker_cpu, memory_gb=spec.worker_memory_gb),
+        )
+        problem = fit_problem(view, cluster)
+        static = view.resources(spec.static_ps, spec.static_workers)
+        if problem is None and config.policy == "static" and not static.fits_in(cluster.capacity):
+            problem = (
+                f"cannot fit: its static shape needs {describe(static)}, the cluster has {describe(cluster.capacity)}"
+            )
+        if problem is not None:
+            raise ConfigError(
+                f"job {spec.id} {problem} ({config.nodes} nodes x {config.node_cpu:g} CPU, "
+                f"{config.node_memory_gb:g} GB memory)"
+            )
+
+
 def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = None) -> SimResult:
+    """Run ``workload`` under ``config``; :class:`ConfigError` at once if a job
+    could never fit."""
+    check_fits(workload, config)
     rng = random.Random(config.seed)
     oracle = config.policy == ORACLE
     # the oracle decides with the elastic policy's code; only what it knows differs
@@ -153,15 +187,24 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
 
     kind_models: dict[str, SpeedModel] = {}  # the fleet prior: one model per kind, from every job's reports
 
+    def span_of(spec: WorkloadJob):
+        """How many nodes a shape's tasks need at least: what placement aims for."""
+
+        def span(p: int, w: int) -> int:
+            return max(1, math.ceil((spec.ps_cpu * p + spec.worker_cpu * w) / config.node_cpu - 1e-9))
+
+        return span
+
     def oracle_speed(job: _Job):
         """The job's true speed, with its tasks over as few nodes as they fit in."""
-        s = job.spec
+        span = span_of(job.spec)
 
         def speed(p: int, w: int) -> float:
-            nodes = math.ceil((s.ps_cpu * p + s.worker_cpu * w) / config.node_cpu - 1e-9)
-            return spanned_speed(job.kind, p, w, nodes, config.local_traffic_factor)
+            return spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor)
 
         return speed
+
+    priors: dict[tuple[str, float, float], SpeedModel] = {}  # a kind's model, for jobs of one task size
 
     def view(job: _Job) -> JobView:
         s = job.spec
@@ -169,8 +212,16 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         if oracle:  # it knows every shape's speed: nothing to explore
             plan = ViewPlan(oracle_speed(job), limits)
         else:
-            prior = kind_models.get(job.kind.name) if config.fleet_prior else None
-            plan = plan_view(job.model, limits, job.shape, (s.static_ps, s.static_workers), prior)
+            prior = None
+            if config.fleet_prior and job.kind.name in kind_models:
+                key = (job.kind.name, s.ps_cpu, s.worker_cpu)
+                if key not in priors:
+                    priors[key] = kind_models[job.kind.name].with_span(span_of(s))
+                prior = priors[key]
+            static = (s.static_ps, s.static_workers)
+            need = s.ps_cpu * static[0] + s.worker_cpu * static[1]
+            start = static if need <= config.node_cpu * config.nodes else None  # asked more than there is: the minimum
+            plan = plan_view(job.model, limits, job.shape, start, prior)
         return JobView(
             id=s.id,
             speed=plan.speed,
@@ -186,6 +237,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             arrival=s.arrival_s,
             waited_s=t - s.arrival_s if job.started is None else 0.0,
             explore=plan.explore,
+            probes=plan.probes,
         )
 
     def schedule() -> None:
@@ -248,7 +300,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         while ai < len(arrivals) and arrivals[ai].arrival_s <= t:
             spec = arrivals[ai]
             kind = KINDS[spec.kind]
-            job = _Job(spec, kind, spec.samples, SpeedModel(kind.batch))
+            job = _Job(spec, kind, spec.samples, SpeedModel(kind.batch, span=span_of(spec)))
             jobs[spec.id] = active[spec.id] = job
             ai += 1
         if t >= next_tenant:
@@ -262,7 +314,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                 r = rates.get(job.spec.id, 0.0)
                 if job.shape is not None and r > 0 and t >= job.paused_until:
                     observed = r * max(0.05, 1.0 + rng.gauss(0.0, config.noise))
-                    job.observations.append(Observation(*job.shape, observed))
+                    nodes = len(set(job.placement.values())) or 1
+                    job.observations.append(Observation(*job.shape, observed, nodes))
                     job.model.fit(job.observations[-50:])
             if config.fleet_prior:
                 by_kind: dict[str, list[Observation]] = {}
@@ -270,6 +323,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                     by_kind.setdefault(j.kind.name, []).extend(j.observations[-20:])
                 for name, obs in by_kind.items():
                     kind_models[name] = SpeedModel(KINDS[name].batch).fit(obs[-400:])
+                priors.clear()
             schedule()
             util_series.append((t, used / avail if avail > 0 else 0.0))
             next_tick = t + config.interval_s

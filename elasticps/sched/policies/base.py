@@ -71,12 +71,16 @@ def grow(
     score: Score,
     caps: dict[str, tuple[int, int]] | None = None,
     pairs: bool = False,
+    jumps: tuple[int, ...] = (1,),
 ) -> tuple[Decision, Resources]:
     """Repeatedly give one more PS or worker to the admitted job whose next task
     scores highest (``score(job, old, new)``, None or <= 0: not worth it), while
     it fits. ``caps`` bounds a job's shape below its maximum. With ``pairs``, a PS
     and a worker together are a third option (a look one step further ahead,
-    for models where neither helps alone)."""
+    for models where neither helps alone). ``jumps``: the steps each option may
+    take at once (``(1, 2, 4)``: also 2 or 4 more of a kind), so that growth
+    crosses a dip (a shape that spans one more node is slower, one a few tasks
+    bigger faster): the score is per share of what the whole jump adds."""
     by_id = {j.id: j for j in jobs}
     heap: list[tuple[float, str, tuple[int, int]]] = []
 
@@ -84,7 +88,9 @@ def grow(
         p, w = decision[job.id]
         cap_p, cap_w = (caps or {}).get(job.id, (job.max_ps, job.max_workers))
         best: tuple[float, tuple[int, int]] | None = None
-        options = ((p, w + 1), (p + 1, w), (p + 1, w + 1)) if pairs else ((p, w + 1), (p + 1, w))
+        options = [(p, w + d) for d in jumps] + [(p + d, w) for d in jumps]
+        if pairs:
+            options += [(p + d, w + d) for d in jumps]
         for new in options:
             if new[0] > min(cap_p, job.max_ps) or new[1] > min(cap_w, job.max_workers):
                 continue

@@ -48,6 +48,7 @@ class ElasticPolicy:
         efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD,
         time_weight: float = 1.0,
         ageing_s: float = 3600.0,
+        jumps: tuple[int, ...] = (1, 2, 4),
         **_: object,
     ) -> None:
         self.objective = Objective.parse(objective)
@@ -58,6 +59,7 @@ class ElasticPolicy:
         self.efficiency_threshold = efficiency_threshold
         self.time_weight = time_weight
         self.ageing_s = ageing_s
+        self.jumps = jumps
 
     def _score(self, total: Resources):
         def score(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> float | None:
@@ -90,7 +92,7 @@ class ElasticPolicy:
 
         # 1. the fair target on the whole pool
         admitted, left = admit(jobs, available, order=self._order)
-        target, _ = grow(jobs, dict(admitted), left, score, pairs=True)
+        target, _ = grow(jobs, dict(admitted), left, score, pairs=True, jumps=self.jumps)
 
         # 2-3. which running jobs keep their current shape this round
         waiting_need = total_of(j.resources(*admitted[j.id]) for j in jobs if j.current is None and j.id in admitted)
@@ -116,8 +118,8 @@ class ElasticPolicy:
         rest = [j for j in jobs if j.id not in held]
         decision, left = admit(rest, available - reserved, order=self._order)
         caps = {job_id: shape for job_id, shape in target.items() if job_id not in held}
-        decision, left = grow(rest, decision, left, score, caps, pairs=True)
-        decision, _ = grow(rest, decision, left, score, pairs=True)  # room the held jobs did not take
+        decision, left = grow(rest, decision, left, score, caps, pairs=True, jumps=self.jumps)
+        decision, _ = grow(rest, decision, left, score, pairs=True, jumps=self.jumps)  # room the held jobs did not take
         decision.update(held)
         self._explore(jobs, decision, available)
         return decision, PolicyState(shrink_wishes=wishes)
@@ -125,22 +127,26 @@ class ElasticPolicy:
     @staticmethod
     def _explore(jobs: list[JobView], decision: Decision, available: Resources) -> None:
         """4. Exploration: room nobody else took goes to jobs whose speed model is
-        still unsure, to the shape it would learn most from (``JobView.explore``)."""
+        still unsure, to the first of their probes (``JobView.explore``, then
+        ``JobView.probes``) that fits in it (a probe may also take fewer tasks of a kind)."""
         left = available
         by_id = {j.id: j for j in jobs}
         for job_id, shape in decision.items():
             left = left - by_id[job_id].resources(*shape)
         for job in admission_order(jobs):
-            nxt = job.explore
-            if nxt is None or job.id not in decision or nxt[0] < decision[job.id][0] or nxt[1] < decision[job.id][1]:
-                continue
-            if not (job.min_ps <= nxt[0] <= job.max_ps and job.min_workers <= nxt[1] <= job.max_workers):
+            if job.id not in decision:
                 continue
             cur = decision[job.id]
-            extra = job.resources(nxt[0] - cur[0], nxt[1] - cur[1])
-            if extra.fits_in(left):
-                decision[job.id] = nxt
-                left = left - extra
+            for nxt in dict.fromkeys(s for s in (job.explore, *job.probes) if s is not None):
+                if nxt == cur:
+                    continue
+                if not (job.min_ps <= nxt[0] <= job.max_ps and job.min_workers <= nxt[1] <= job.max_workers):
+                    continue
+                extra = job.resources(nxt[0] - cur[0], nxt[1] - cur[1])
+                if extra.fits_in(left):
+                    decision[job.id] = nxt
+                    left = left - extra
+                    break
 
     def _order(self, jobs) -> list[JobView]:
         """Running jobs first (by arrival), then waiting jobs by aged remaining time."""

@@ -1,0 +1,70 @@
+"""The probe walk replayed against grids of speeds (``bench explore``), and the
+measured grid's own helpers and a tiny real run (``bench shapes``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+
+import pytest
+
+from elasticps.bench import explore_bench, shapes_bench
+from elasticps.sched.synthetic import MODEL_KINDS
+from elasticps.sim.engine import spanned_speed
+
+
+def _grid_file(tmp_path, kind, noise=0.05, seed=0):
+    """A grid like the one 'bench shapes' writes, from a simulator kind's true
+    speed on nodes of 4 CPUs, each shape measured twice with noise."""
+    rng = random.Random(seed)
+    grid = []
+    for p, w in shapes_bench.grid_shapes(4, 8, 10):
+        nodes = math.ceil((p + w) / 4)
+        speed = spanned_speed(kind, p, w, nodes, 0.25)
+        runs = [speed * (1 + rng.gauss(0, noise)) for _ in range(2)]
+        grid.append({"ps": p, "workers": w, "samples_per_s": speed, "runs": runs, "nodes": nodes})
+    path = tmp_path / f"grid-{kind.name}.json"
+    path.write_text(json.dumps({"workload": {"global_batch": kind.batch}, "grid": grid}))
+    return path
+
+
+def test_grid_shapes_and_walk_order():
+    shapes = shapes_bench.grid_shapes(3, 4, 5)
+    assert (1, 4) in shapes and (2, 3) in shapes and (2, 4) not in shapes and (3, 3) not in shapes
+    order = shapes_bench.walk_order(shapes)
+    assert sorted(order) == sorted(shapes)
+    steps = [abs(a[0] - b[0]) + abs(a[1] - b[1]) for a, b in itertools.pairwise(order)]
+    assert max(steps) <= 2  # a snake: each shape close to the one before
+
+
+@pytest.mark.parametrize("kind", MODEL_KINDS, ids=lambda k: k.name)
+def test_the_walk_finds_a_near_best_shape_within_eight_probes(tmp_path, kind):
+    out = explore_bench.run(_grid_file(tmp_path, kind))
+    assert out["policy_knowing_grid"]["of_best"] >= 0.99  # growth crosses the node-boundary dips
+    for walk in out["walks"]:
+        assert walk["path"][0] == walk["start"]
+        for k, share in walk["of_best_after"].items():
+            assert 0 < share <= 1.0 + 1e-9, (k, share)
+    assert out["mean_of_best_after"]["8"] >= 0.85, out["mean_of_best_after"]
+
+
+def test_a_grid_that_is_not_one_is_refused(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"grid": [{"ps": 1}]}')
+    with pytest.raises(SystemExit, match="not a grid"):
+        explore_bench.run(bad)
+    zero = tmp_path / "zero.json"
+    zero.write_text('{"grid": [{"ps": 1, "workers": 1, "runs": [0.0]}]}')
+    with pytest.raises(SystemExit, match="speed > 0"):
+        explore_bench.run(zero)
+
+
+def test_shapes_bench_measures_a_real_job_on_a_multi_node_cluster():
+    out = shapes_bench.run(max_ps=1, max_workers=2, max_tasks=3, steps=1, nodes=2, node_cpus=2, batch=64)
+    assert [(g["ps"], g["workers"]) for g in out["grid"]] == [(1, 1), (1, 2)]
+    for g in out["grid"]:
+        assert len(g["runs"]) == 2 and all(v > 0 for v in g["runs"])  # measured forward and back
+        assert 1 <= g["nodes"] <= 2
+    assert out["best"]["samples_per_s"] == max(g["samples_per_s"] for g in out["grid"])
