@@ -295,3 +295,24 @@ def test_retention_keeps_the_newest(tmp_path):
     store.prune(Retention(events=10, observations_per_job=5))
     assert [e[4] for e in store.events()][-1] == "e29" and len(store.events()) == 10
     assert [s for _, _, s in store.observations("a")] == [25.0, 26.0, 27.0, 28.0, 29.0]
+
+
+def test_a_new_job_of_a_known_kind_starts_at_the_fleet_priors_best(env):
+    """The simulator's fleet prior, in the manager: jobs of the same program, batch, mode and
+    task sizes pool their observations; a new one of that kind goes straight to the best shape."""
+    manager, _, capacity = env
+    capacity.nodes = {"node-0": (32.0, 0.0)}
+    submit(manager, "first")
+    manager.step()
+
+    def speed(p: int, w: int) -> float:  # the PS bound: 2 PS x 4 workers is the best within the limits
+        return 64 / (0.002 * 64 / w + 0.01 + 0.005 * w / p)
+
+    for p in (1, 2):
+        for w in (1, 2, 3, 4):
+            manager.store.record_observation("first", manager.clock(), p, w, speed(p, w))
+    submit(manager, "same-kind")
+    submit(manager, "other-kind", cpu=2.0)  # other task sizes: another speed function, nothing known
+    manager.step()
+    assert manager.live["same-kind"].asked == (2, 4)
+    assert manager.live["other-kind"].asked == (1, 1)

@@ -60,6 +60,9 @@ MAX_FAILURES = 3
 #: Seconds to wait before starting a job again after its n-th failure in a row: n times this.
 #: Ray takes up to ~30 s to declare a killed node dead; a start placed on it meanwhile fails.
 RESTART_BACKOFF_S = 15.0
+#: The fleet prior of a kind of job: the newest observations of each job, and in all.
+PRIOR_PER_JOB = 20
+PRIOR_TOTAL = 400
 #: Rounds between two prunings of old events and observations.
 PRUNE_EVERY_ROUNDS = 50
 
@@ -229,7 +232,8 @@ class Manager:
             now = self.clock()
             self._collect(now)
             records = [r for r in self.store.list_jobs(ACTIVE) if r.name in self.live or self._may_start(r.name, now)]
-            views = [v for v in (self._view(r, now) for r in records) if v is not None]
+            priors = self._fleet_priors()
+            views = [v for v in (self._view(r, now, priors) for r in records) if v is not None]
             cluster = self.capacity.view(self._ours())
             self._note_unfit(views, cluster, now)
             decision, self.state = self.policy.decide(views, cluster, self.state)
@@ -519,7 +523,23 @@ class Manager:
         self.store.set_info(rec.name, info)
         return info
 
-    def _view(self, rec: JobRecord, now: float) -> JobView | None:
+    def _fleet_priors(self) -> dict[tuple, SpeedModel]:
+        """A speed model per kind of job (same program, batch, mode and task
+        sizes: the same speed function), fitted on the latest observations of
+        every job of that kind, running or ended: what the simulator's fleet
+        prior is, here from the store."""
+        pooled: dict[tuple, list[Observation]] = {}
+        batches: dict[tuple, tuple[int, str]] = {}
+        for rec in self.store.list_jobs():
+            if rec.info is None:
+                continue
+            key = _kind_of(rec)
+            obs = [Observation(p, w, s) for p, w, s in self.store.observations(rec.name)[-PRIOR_PER_JOB:]]
+            pooled.setdefault(key, []).extend(obs)
+            batches[key] = (rec.info.batch_size, rec.spec.mode)
+        return {key: SpeedModel(*batches[key]).fit(obs[-PRIOR_TOTAL:]) for key, obs in pooled.items() if obs}
+
+    def _view(self, rec: JobRecord, now: float, priors: dict[tuple, SpeedModel] | None = None) -> JobView | None:
         info = self._info(rec, now)
         if info is None:
             return None
@@ -540,7 +560,9 @@ class Manager:
             (p, w) = live.asked
             plan = ViewPlan(model.predict, ShapeLimits(p, p, w, w))
         else:
-            plan = plan_view(model, limits, current)  # the simulator's rule too
+            plan = plan_view(
+                model, limits, current, prior=(priors or {}).get(_kind_of(rec))
+            )  # the simulator's rule too
         return JobView(
             id=rec.name,
             speed=plan.speed,
@@ -587,3 +609,11 @@ def _task_resources(task: TaskSpec) -> TaskResources:
     return TaskResources(
         cpu=task.cpu, gpu=task.gpu, memory_bytes=int(task.memory_gb * 1024**3), cpu_limit=task.cpu_limit
     )
+
+
+def _kind_of(rec: JobRecord) -> tuple:
+    """Jobs of one kind share a speed function: same program, batch size, mode
+    and task sizes."""
+    spec, info = rec.spec, rec.info
+    tasks = tuple((t.cpu, t.gpu, t.memory_gb, t.cpu_limit) for t in (spec.ps, spec.workers))
+    return (spec.program, info.batch_size if info else None, spec.mode, tasks)
