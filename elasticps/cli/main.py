@@ -332,7 +332,10 @@ def cmd_client(args: argparse.Namespace) -> int:
     client = Client(args.url, token=client_token(args.token, args.workdir))
     try:
         if args.command == "submit":
-            text = Path(args.spec).read_text()
+            try:
+                text = Path(args.spec).read_text()
+            except OSError as exc:
+                raise SystemExit(f"error: cannot read the job spec {args.spec}: {exc.strerror}") from None
             job = client.submit(text, json_body=args.spec.endswith(".json"))
             print(f"submitted {job['name']} ({job['state']})")
         elif args.command == "status":
@@ -356,9 +359,19 @@ def cmd_client(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("elasticps")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticps", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    p.add_argument("--version", action="version", version=f"elasticps {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
