@@ -42,6 +42,19 @@ def test_locality_puts_a_job_that_fits_on_one_node_there_best_fit():
     assert set(result.placement["j"].values()) == {"n1"}
 
 
+def test_locality_ranks_nodes_by_gpus_for_a_gpu_job():
+    # a 4-GPU all-reduce job (no PS). n0: 4 GPUs free, 30 CPUs; n1: 8 GPUs free, 10 CPUs.
+    # By CPUs left over n1 would be the best fit and leave 4 GPUs stranded; by GPUs n0 fits exactly.
+    gpu_worker = Resources(cpu=2.0, gpu=1.0)
+    job = make_job("g", min_ps=0, max_ps=0, worker_resources=gpu_worker)
+    nodes = ClusterView((make_node("n0", cpu=32, gpu=4), make_node("n1", cpu=12, gpu=8)))
+    assert set(place([job], {"g": (0, 4)}, nodes).placement["g"].values()) == {"n0"}
+    # 10 GPUs over nodes of 8, 4 and 4: the roomiest in GPUs first, so 2 nodes, not 3
+    nodes = ClusterView((make_node("a", cpu=64, gpu=4), make_node("b", cpu=16, gpu=8), make_node("c", cpu=64, gpu=4)))
+    placed = place([job], {"g": (0, 10)}, nodes).placement["g"]
+    assert len(set(placed.values())) == 2 and sum(n == "b" for n in placed.values()) == 8
+
+
 def test_locality_splits_ps_in_proportion_to_workers():
     # two 6-CPU nodes; 2 PS + 8 workers = 10 CPUs. A worker and its share of PS = 1 + 2/8 = 1.25 CPUs:
     # 4 fit per node (5 CPUs). Workers 4 + 4, shards 2 x 4/8 = 1 per node.

@@ -155,15 +155,24 @@ def _optimus(job: JobView, p: int, w: int, room: _Room) -> JobPlacement | None:
     return None
 
 
+def dominant(job: JobView) -> Callable[[Resources], float]:
+    """The resource a job's placement is judged by: GPUs for a job whose tasks
+    use them (they are the scarce ones), else CPUs."""
+    if job.worker_resources.gpu > 0 or job.ps_resources.gpu > 0:
+        return lambda r: r.gpu
+    return lambda r: r.cpu
+
+
 def _locality(job: JobView, p: int, w: int, room: _Room, prefer: set[str]) -> JobPlacement | None:
     need = job.resources(p, w)
-    # 1. one node: best fit (least room left over), preferring where the job already runs
+    amount = dominant(job)
+    # 1. one node: best fit (least of the dominant resource left over), preferring where the job already runs
     whole = [n for n in room.order if need.fits_in(room.free[n])]
     if whole:
-        best = min(whole, key=lambda n: (n not in prefer, (room.free[n] - need).cpu, room.order.index(n)))
+        best = min(whole, key=lambda n: (n not in prefer, amount(room.free[n] - need), room.order.index(n)))
         return _assign(job, [(best, p, w)], room)
     # 2. the fewest nodes: fill the roomiest first with workers, then shards in proportion
-    nodes = sorted(room.order, key=lambda n: (n not in prefer, -room.free[n].cpu, room.order.index(n)))
+    nodes = sorted(room.order, key=lambda n: (n not in prefer, -amount(room.free[n]), room.order.index(n)))
     unit = job.worker_resources + job.ps_resources.scaled(p / max(w, 1))  # a worker and its share of PS
     plan_w: list[tuple[str, int]] = []
     left = w
