@@ -141,3 +141,35 @@ def test_progress_is_one_line_per_tenth_when_not_a_terminal(capsys):
         progress(done * 60.0, done, 100)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 11 and "\r" not in "".join(lines) and lines[-1].endswith("100/100 jobs done")
+
+
+def test_the_gpu_all_reduce_kind_dips_at_a_node_boundary_and_the_model_learns_it():
+    from elasticps.sched import Observation, SpeedModel
+    from elasticps.sched.synthetic import GPU_KINDS
+    from elasticps.sim.engine import spanned_speed
+
+    kind = GPU_KINDS[0]
+
+    def speed(w: int) -> float:  # 4 GPUs per node, as few nodes as hold them
+        return spanned_speed(kind, 0, w, -(-w // 4), 0.25)
+
+    assert speed(5) < speed(4) < speed(8)  # the example: 4 on one node beats 5 on two, 8 on two beats both
+    model = SpeedModel(kind.batch, span=lambda p, w: -(-w // 4))
+    model.fit([Observation(0, w, speed(w), -(-w // 4)) for w in (1, 2, 4, 6, 8)])
+    assert model.predict(0, 5) < model.predict(0, 4) < model.predict(0, 12)
+    assert model.predict(0, 12) == pytest.approx(speed(12), rel=0.05)
+
+
+def test_a_workload_with_gpu_jobs_runs_and_reports_how_they_were_spread():
+    work = synthetic_workload(40, seed=2, gpu_share=0.5)
+    gpu = [j for j in work if j.worker_gpu > 0]
+    assert gpu and all(j.max_ps == 0 and j.static_ps == 0 for j in gpu)
+    plain = synthetic_workload(40, seed=2)
+    same = [(a.id, a.kind, a.samples) for a in work if a.worker_gpu == 0]
+    assert same == [(a.id, a.kind, a.samples) for a in plain if a.id in {s[0] for s in same}]  # PS jobs unchanged
+    result = simulate(work, SimConfig(nodes=8, node_gpu=4, policy="elastic", seed=2))
+    assert result.metrics["jobs"] == 40 and 0.0 <= result.metrics["gpu_jobs_over_spread"] <= 1.0
+    with pytest.raises(ConfigError, match="cannot fit: a worker needs 4 CPU, 1 GPU"):
+        simulate(work, SimConfig(nodes=8, policy="elastic"))  # GPU jobs and no GPUs: refused, not a hang
+    with pytest.raises(ConfigError, match="all-reduce kind has no PS"):
+        dataclasses.replace(gpu[0], max_ps=2)

@@ -143,13 +143,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sim(args: argparse.Namespace) -> int:
     from elasticps.sim import SimConfig, gain_captured, load_workload, simulate, synthetic_workload
 
-    workload = load_workload(args.workload) if args.workload else synthetic_workload(args.jobs, seed=args.seed)
+    if not 0.0 <= args.gpu_jobs <= 1.0:
+        raise SystemExit(f"error: --gpu-jobs is a share of the jobs, 0..1, got {args.gpu_jobs:g}")
+    if args.workload:
+        workload = load_workload(args.workload)
+    else:
+        workload = synthetic_workload(args.jobs, seed=args.seed, gpu_share=args.gpu_jobs)
     policies = args.compare.split(",") if args.compare else [args.policy]
     results = {}
     for policy in policies:
         config = SimConfig(
             nodes=args.nodes,
             node_cpu=args.node_cpu,
+            node_gpu=args.node_gpu,
             interval_s=args.interval_s,
             rescale_pause_s=args.rescale_pause_s,
             policy=policy,
@@ -498,8 +504,15 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("sim", help="simulate policies on a modelled cluster")
     sim.add_argument("--workload", help="a .csv or .jsonl workload (default: synthetic)")
     sim.add_argument("--jobs", type=int, default=300, help="synthetic workload: number of jobs")
-    sim.add_argument("--nodes", type=int, default=32)
-    sim.add_argument("--node-cpu", type=float, default=32.0)
+    sim.add_argument("--nodes", type=int, default=32, help="nodes of the modelled cluster")
+    sim.add_argument("--node-cpu", type=float, default=32.0, help="CPUs per node")
+    sim.add_argument("--node-gpu", type=float, default=0.0, help="GPUs per node")
+    sim.add_argument(
+        "--gpu-jobs",
+        type=float,
+        default=0.0,
+        help="synthetic workload: share of all-reduce GPU jobs (needs --node-gpu)",
+    )
     sim.add_argument("--interval-s", type=float, default=300.0, help="scheduling interval")
     sim.add_argument("--rescale-pause-s", type=float, default=30.0)
     sim.add_argument(

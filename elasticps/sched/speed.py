@@ -89,19 +89,35 @@ class SpeedModel:
     def _nodes(self, p: int, w: int) -> int:
         return max(1, self.span(p, w)) if self.span is not None else 1
 
-    # sync: [M/w, 1, w/p same node, w/p across, w, p]; async: the same without M/w
+    # sync: [M/w, 1, w/p same node, w/p across, w, p]; async: the same without M/w.
+    # No PS (p = 0): the workers all-reduce in a ring, 2(w-1)/w of the gradient
+    # each, at the speed of its slowest link: within a node, or across nodes.
     def _features(self, p: int, w: int, nodes: int) -> list[float]:
+        if p == 0:
+            ring = 2.0 * (w - 1) / w
+            tail = [ring if nodes <= 1 else 0.0, ring if nodes > 1 else 0.0, float(w), 0.0]
+            return [self.batch / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
         cross = 1.0 - 1.0 / max(1, nodes)
-        w_over_p = w / p if p > 0 else 0.0
+        w_over_p = w / p
         tail = [w_over_p * (1.0 - cross), w_over_p * cross, float(w), float(p)]
         return [self.batch / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
+
+    def _scale_features(self, p: int, w: int) -> list[float]:
+        """Features with both traffic columns in use: how large each term can be."""
+        if p == 0:
+            return [max(a, b) for a, b in zip(self._features(p, w, 1), self._features(p, w, 2), strict=True)]
+        return self._features(p, w, 2)
 
     def _prior(self, o: Observation) -> np.ndarray:
         """Coefficients that explain ``o``'s step as 70% compute, 30% PS traffic."""
         step = self.batch / o.samples_per_s
         p, w = max(o.num_ps, 1), o.num_workers
         cross = 1.0 - 1.0 / max(1, o.nodes)
-        local = (1 - COMPUTE_SHARE) * step * p / w / ((1.0 - cross) + CROSS_COST * cross)
+        if o.num_ps == 0:  # the ring: its share of the step, at its link
+            ring = max(2.0 * (w - 1) / w, 1.0)
+            local = (1 - COMPUTE_SHARE) * step / ring / (CROSS_COST if o.nodes > 1 else 1.0)
+        else:
+            local = (1 - COMPUTE_SHARE) * step * p / w / ((1.0 - cross) + CROSS_COST * cross)
         compute = [COMPUTE_SHARE * step * w / self.batch, 0.0] if self.mode == "sync" else [COMPUTE_SHARE * step]
         return np.asarray([*compute, local, CROSS_COST * local, 0.0, 0.0])
 
@@ -123,7 +139,7 @@ class SpeedModel:
         self.best_seen = max(self._seen.values())
         # the prior: its mean from the latest observation, its width the whole step
         prior = self._prior(obs[-1])
-        scale = np.mean(np.abs(np.asarray([self._features(p, w, 2) for p, w, _ in keys])), axis=0)
+        scale = np.mean(np.abs(np.asarray([self._scale_features(p, w) for p, w, _ in keys])), axis=0)
         ref = float(np.mean(y))
         prior_precision = np.where(scale > 0, scale / ref, 1.0 / ref) ** 2
         noise = NOISE_FLOOR

@@ -10,12 +10,18 @@ from elasticps.sched.types import ClusterView, JobView, NodeView, Resources
 
 @dataclass(frozen=True)
 class ModelKind:
-    """A kind of model: Optimus sync coefficients (seconds) and its parameter size."""
+    """A kind of model: Optimus sync coefficients (seconds) and its parameter size.
+
+    With ``allreduce``, a data-parallel job with no PS whose workers (GPUs)
+    all-reduce their gradients in a ring: ``theta = (t0, t1, ring within a
+    node, ring across nodes, 0)``, see :func:`kind_speed`.
+    """
 
     name: str
     theta: tuple[float, float, float, float, float]
     param_bytes: float
     batch: int
+    allreduce: bool = False
 
 
 #: Different PS/worker balances: compute bound, PS-bandwidth bound, balanced, small.
@@ -27,13 +33,39 @@ MODEL_KINDS: tuple[ModelKind, ...] = (
 )
 
 
-def optimus_samples_per_s(kind: ModelKind, p: int, w: int) -> float:
-    """Ground truth: samples/s = M / (t0 M/w + t1 + t2 w/p + t3 w + t4 p)."""
-    if w < 1 or p < 1:
+#: A ResNet-50-like job on GPUs, all-reduce, no PS: 4 GPUs on one node (1641
+#: samples/s) beat 5 over two (1597), 8 over two (2024) beat both.
+GPU_KINDS: tuple[ModelKind, ...] = (
+    ModelKind("resnet50-allreduce", (0.0020, 0.010, 0.012, 0.030, 0.0), 100e6, 256, allreduce=True),
+)
+
+
+def kind_speed(kind: ModelKind, p: int, w: int, cross: float, local_factor: float) -> float:
+    """Ground-truth samples/s at (p, w) when ``cross`` of the traffic crosses nodes.
+
+    PS kinds: ``M / (t0 M/w + t1 + t2 (w/p) (cross + (1 - cross) local_factor) + t3 w + t4 p)``.
+    All-reduce kinds (p = 0): ``M / (t0 M/w + t1 + 2 (w-1)/w ring)``, the ring's
+    time per byte set by its slowest link: across nodes as soon as any traffic is.
+    """
+    if w < 1:
         return 0.0
     t0, t1, t2, t3, t4 = kind.theta
     m = kind.batch
-    return m / (t0 * m / w + t1 + t2 * w / p + t3 * w + t4 * p)
+    if kind.allreduce:
+        ring = t3 if cross > 0 else t2
+        return m / (t0 * m / w + t1 + 2.0 * (w - 1) / w * ring)
+    if p < 1:
+        return 0.0
+    traffic = cross + (1.0 - cross) * local_factor
+    return m / (t0 * m / w + t1 + t2 * (w / p) * traffic + t3 * w + t4 * p)
+
+
+def optimus_samples_per_s(kind: ModelKind, p: int, w: int) -> float:
+    """Ground truth with every task on one node, all traffic counted as crossing
+    (PS kinds: M / (t0 M/w + t1 + t2 w/p + t3 w + t4 p))."""
+    if kind.allreduce:
+        return kind_speed(kind, p, w, 0.0, 1.0)
+    return kind_speed(kind, p, w, 1.0, 1.0)
 
 
 def synthetic_jobs(n: int, seed: int = 0, running_fraction: float = 0.5) -> list[JobView]:

@@ -31,7 +31,7 @@ from elasticps.placement import cross_node_bytes_per_step, place
 from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
 from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.policies import make_policy
-from elasticps.sched.synthetic import ModelKind
+from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 from elasticps.sim.workload import KINDS, WorkloadJob
 
@@ -45,6 +45,7 @@ class SimConfig:
     nodes: int = 64
     node_cpu: float = 32.0
     node_memory_gb: float = 256.0
+    node_gpu: float = 0.0
     interval_s: float = 300.0
     rescale_pause_s: float = 30.0
     policy: str = "elastic"
@@ -89,17 +90,10 @@ class SimResult:
         return out
 
 
-def kind_speed(kind: ModelKind, p: int, w: int, cross: float, local_factor: float) -> float:
-    """Ground-truth samples/s at (p, w) when ``cross`` of the PS traffic crosses nodes."""
-    if w < 1 or p < 1:
-        return 0.0
-    t0, t1, t2, t3, t4 = kind.theta
-    m = kind.batch
-    traffic = cross + (1.0 - cross) * local_factor
-    return m / (t0 * m / w + t1 + t2 * (w / p) * traffic + t3 * w + t4 * p)
-
-
 def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_factor: float) -> float:
+    if job.kind.allreduce:
+        nodes = len(set(placement.values())) if placement else w
+        return kind_speed(job.kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor)
     if w < 1 or p < 1:
         return 0.0
     total = 2.0 * job.kind.param_bytes * w
@@ -114,6 +108,10 @@ def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: flo
     return kind_speed(kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor)
 
 
+def _worker_resources(spec: WorkloadJob) -> Resources:
+    return Resources(cpu=spec.worker_cpu, gpu=spec.worker_gpu, memory_gb=spec.worker_memory_gb)
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return math.nan
@@ -124,7 +122,7 @@ def _percentile(values: list[float], q: float) -> float:
 def check_fits(workload: list[WorkloadJob], config: SimConfig) -> None:
     """Raise :class:`ConfigError` naming the first job that could never run on
     the empty modelled cluster (it would wait for ever)."""
-    capacity = Resources(cpu=config.node_cpu, memory_gb=config.node_memory_gb)
+    capacity = Resources(cpu=config.node_cpu, gpu=config.node_gpu, memory_gb=config.node_memory_gb)
     cluster = ClusterView(tuple(NodeView(f"n{i:04d}", capacity) for i in range(config.nodes)))
     for spec in workload:
         view = JobView(
@@ -135,7 +133,7 @@ def check_fits(workload: list[WorkloadJob], config: SimConfig) -> None:
             min_workers=spec.min_workers,
             max_workers=spec.max_workers,
             ps_resources=Resources(cpu=spec.ps_cpu, memory_gb=spec.ps_memory_gb),
-            worker_resources=Resources(cpu=spec.worker_cpu, memory_gb=spec.worker_memory_gb),
+            worker_resources=_worker_resources(spec),
         )
         problem = fit_problem(view, cluster)
         static = view.resources(spec.static_ps, spec.static_workers)
@@ -161,7 +159,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         "elastic" if oracle else config.policy, objective=config.objective, rescale_cost_s=config.rescale_pause_s
     )
     state = PolicyState()
-    capacity = Resources(cpu=config.node_cpu, memory_gb=config.node_memory_gb)
+    capacity = Resources(cpu=config.node_cpu, gpu=config.node_gpu, memory_gb=config.node_memory_gb)
     tenant = {f"n{i:04d}": 0.0 for i in range(config.nodes)}
     arrivals = sorted(workload, key=lambda j: (j.arrival_s, j.id))
     jobs: dict[str, _Job] = {}
@@ -176,6 +174,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     cross_bytes = 0.0
     done = 0
     rates: dict[str, float] = {}
+    gpu_placements = [0, 0]  # all-reduce jobs placed, and of them spread over more nodes than their shape needs
 
     def cluster_view() -> ClusterView:
         return ClusterView(tuple(NodeView(n, capacity, Resources(cpu=used)) for n, used in tenant.items()))
@@ -191,7 +190,10 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         """How many nodes a shape's tasks need at least: what placement aims for."""
 
         def span(p: int, w: int) -> int:
-            return max(1, math.ceil((spec.ps_cpu * p + spec.worker_cpu * w) / config.node_cpu - 1e-9))
+            need = [(spec.ps_cpu * p + spec.worker_cpu * w) / config.node_cpu]
+            if spec.worker_gpu > 0:
+                need.append(spec.worker_gpu * w / config.node_gpu if config.node_gpu > 0 else math.inf)
+            return max(1, math.ceil(max(need) - 1e-9))
 
         return span
 
@@ -219,8 +221,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                     priors[key] = kind_models[job.kind.name].with_span(span_of(s))
                 prior = priors[key]
             static = (s.static_ps, s.static_workers)
-            need = s.ps_cpu * static[0] + s.worker_cpu * static[1]
-            start = static if need <= config.node_cpu * config.nodes else None  # asked more than there is: the minimum
+            start = static if span_of(s)(*static) <= config.nodes else None  # asked more than there is: the minimum
             plan = plan_view(job.model, limits, job.shape, start, prior)
         return JobView(
             id=s.id,
@@ -230,7 +231,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             min_workers=plan.limits.min_workers,
             max_workers=plan.limits.max_workers,
             ps_resources=Resources(cpu=s.ps_cpu, memory_gb=s.ps_memory_gb),
-            worker_resources=Resources(cpu=s.worker_cpu, memory_gb=s.worker_memory_gb),
+            worker_resources=_worker_resources(s),
             remaining_samples=job.remaining,
             current=job.shape,
             static_shape=(s.static_ps, s.static_workers),
@@ -250,6 +251,11 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             views, decision, cluster, {j: active[j].placement for j in active if active[j].shape}, config.placement
         )
         decision_times.append(time.perf_counter() - t0)
+        for job in active.values():
+            where = placed.placement.get(job.spec.id)
+            if job.kind.allreduce and where and job.spec.id in decision:
+                gpu_placements[0] += 1
+                gpu_placements[1] += len(set(where.values())) > span_of(job.spec)(*decision[job.spec.id])
         for job in active.values():
             jid = job.spec.id
             new_shape = decision.get(jid) if jid in placed.placement else None
@@ -344,6 +350,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         "decision_median_ms": statistics.median(decision_times) * 1e3 if decision_times else 0.0,
         "decision_p99_ms": _percentile(decision_times, 0.99) * 1e3,
     }
+    if gpu_placements[0]:
+        metrics["gpu_jobs_over_spread"] = gpu_placements[1] / gpu_placements[0]
     cfg = {k: getattr(config, k) for k in config.__dataclass_fields__}
     return SimResult(cfg, metrics, jct, util_series, {j: jobs[j].history for j in jobs})
 

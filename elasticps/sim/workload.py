@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from elasticps.errors import ConfigError
-from elasticps.sched.synthetic import MODEL_KINDS, optimus_samples_per_s
+from elasticps.sched.synthetic import GPU_KINDS, MODEL_KINDS, optimus_samples_per_s
 
-KINDS = {k.name: k for k in MODEL_KINDS}
+KINDS = {k.name: k for k in MODEL_KINDS + GPU_KINDS}
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,15 @@ class WorkloadJob:
     worker_cpu: float = 4.0
     ps_memory_gb: float = 4.0
     worker_memory_gb: float = 8.0
+    worker_gpu: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"job {self.id}: kind must be one of {sorted(KINDS)}, got {self.kind!r}")
+        if KINDS[self.kind].allreduce and (self.max_ps != 0 or self.worker_gpu <= 0):
+            raise ConfigError(
+                f"job {self.id}: an all-reduce kind has no PS (max_ps 0) and GPU workers (worker_gpu > 0)"
+            )
         if self.samples <= 0 or self.arrival_s < 0:
             raise ConfigError(f"job {self.id}: samples must be > 0 and arrival_s >= 0")
         if not (
@@ -46,11 +51,18 @@ class WorkloadJob:
 
 
 def synthetic_workload(
-    num_jobs: int, seed: int = 0, mean_interarrival_s: float = 30.0, mean_duration_s: float = 3600.0
+    num_jobs: int,
+    seed: int = 0,
+    mean_interarrival_s: float = 30.0,
+    mean_duration_s: float = 3600.0,
+    gpu_share: float = 0.0,
 ) -> list[WorkloadJob]:
     """Poisson arrivals; model kinds mixed; work sized so that a job at its
-    static shape would take a lognormal time around ``mean_duration_s``."""
+    static shape would take a lognormal time around ``mean_duration_s``.
+    ``gpu_share`` of the jobs are all-reduce GPU jobs (no PS, 1 GPU per worker,
+    asking 2, 4 or 8 GPUs); the rest are drawn as without it."""
     rng = random.Random(seed)
+    gpu_rng = random.Random(seed + 7919)  # a separate stream: the PS jobs stay those of gpu_share = 0
     t = 0.0
     jobs = []
     for i in range(num_jobs):
@@ -58,6 +70,27 @@ def synthetic_workload(
         kind = rng.choice(MODEL_KINDS)
         static = (rng.choice([1, 2, 4]), rng.choice([2, 4, 8]))
         duration = mean_duration_s * rng.lognormvariate(0.0, 0.8) / 1.377  # lognormal mean exp(0.32) = 1.377
+        worker_cpu = rng.choice([2.0, 4.0])
+        if gpu_share > 0 and gpu_rng.random() < gpu_share:
+            gpu = gpu_rng.choice(GPU_KINDS)
+            workers = gpu_rng.choice([2, 4, 8])
+            jobs.append(
+                WorkloadJob(
+                    id=f"job-{i:05d}",
+                    arrival_s=round(t, 3),
+                    kind=gpu.name,
+                    samples=optimus_samples_per_s(gpu, 0, workers) * duration,
+                    min_ps=0,
+                    max_ps=0,
+                    static_ps=0,
+                    static_workers=workers,
+                    max_workers=16,
+                    worker_cpu=4.0,
+                    worker_gpu=1.0,
+                    worker_memory_gb=16.0,
+                )
+            )
+            continue
         jobs.append(
             WorkloadJob(
                 id=f"job-{i:05d}",
@@ -68,7 +101,7 @@ def synthetic_workload(
                 max_workers=16,
                 static_ps=static[0],
                 static_workers=static[1],
-                worker_cpu=rng.choice([2.0, 4.0]),
+                worker_cpu=worker_cpu,
             )
         )
     return jobs
