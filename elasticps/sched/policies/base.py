@@ -77,10 +77,11 @@ def grow(
     scores highest (``score(job, old, new)``, None or <= 0: not worth it), while
     it fits. ``caps`` bounds a job's shape below its maximum. With ``pairs``, a PS
     and a worker together are a third option (a look one step further ahead,
-    for models where neither helps alone). ``jumps``: the steps each option may
-    take at once (``(1, 2, 4)``: also 2 or 4 more of a kind), so that growth
-    crosses a dip (a shape that spans one more node is slower, one a few tasks
-    bigger faster): the score is per share of what the whole jump adds."""
+    for models where neither helps alone). ``jumps``: the steps an option may
+    take at once (``(1, 2, 4)``: also 2 or 4 more of a kind), tried in turn
+    while no shorter one is worth it, so that growth crosses a dip (a shape
+    that spans one more node is slower, one a few tasks bigger faster); the
+    score is per share of what the whole jump adds."""
     by_id = {j.id: j for j in jobs}
     heap: list[tuple[float, str, tuple[int, int]]] = []
 
@@ -88,17 +89,18 @@ def grow(
         p, w = decision[job.id]
         cap_p, cap_w = (caps or {}).get(job.id, (job.max_ps, job.max_workers))
         best: tuple[float, tuple[int, int]] | None = None
-        options = [(p, w + d) for d in jumps] + [(p + d, w) for d in jumps]
-        if pairs:
-            options += [(p + d, w + d) for d in jumps]
-        for new in options:
-            if new[0] > min(cap_p, job.max_ps) or new[1] > min(cap_w, job.max_workers):
-                continue
-            if not _delta(job, (p, w), new).fits_in(left):
-                continue
-            s = score(job, (p, w), new)
-            if s is not None and s > 0 and (best is None or s > best[0]):
-                best = (s, new)
+        for d in jumps:  # longer jumps only where no shorter one pays: at a dip, not on a slope
+            options = [(p, w + d), (p + d, w)] + ([(p + d, w + d)] if pairs else [])
+            for new in options:
+                if new[0] > min(cap_p, job.max_ps) or new[1] > min(cap_w, job.max_workers):
+                    continue
+                if not _delta(job, (p, w), new).fits_in(left):
+                    continue
+                s = score(job, (p, w), new)
+                if s is not None and s > 0 and (best is None or s > best[0]):
+                    best = (s, new)
+            if best is not None:
+                break
         if best is not None:
             heapq.heappush(heap, (-best[0], job.id, best[1]))
 
