@@ -165,6 +165,24 @@ def test_limits_can_be_changed_and_are_validated(server):
     assert [e["kind"] for e in client.get("/events", params={"job": "lim"}).json()] == ["submitted", "limits"]
 
 
+def test_cli_scale_changes_the_limits(server, monkeypatch, capsys):
+    from elasticps.cli.main import main
+
+    client, manager = server
+    url = str(client.base_url).rstrip("/")
+    monkeypatch.setenv("ELASTICPS_TOKEN", "s3cret")
+    assert client.post("/jobs", content=SPEC.format(name="sc"), headers=YAML).status_code == 201
+    assert main(["scale", "sc", "--workers", "2..8", "--ps", "3", "--url", url]) == 0
+    assert "sc: ps 3..3, workers 2..8" in capsys.readouterr().out
+    spec = manager.store.get_job("sc").spec
+    assert (spec.ps.min, spec.ps.max, spec.workers.min, spec.workers.max) == (3, 3, 2, 8)
+    with pytest.raises(SystemExit):
+        main(["scale", "sc", "--workers", "8..2", "--url", url])  # refused by the parser
+    assert "expected 0 <= MIN <= MAX, got '8..2'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="give --ps and/or --workers"):
+        main(["scale", "sc", "--url", url])
+
+
 def test_logs_and_the_live_status_view(server, monkeypatch, capsys):
     from elasticps.cli.main import main
     from elasticps.runtime import EpochReport, JobReport, WindowReport

@@ -352,6 +352,14 @@ def cmd_client(args: argparse.Namespace) -> int:
             print(json.dumps(client.job(args.name), indent=2))
         elif args.command == "cancel":
             print(f"{args.name}: {client.cancel(args.name)['state']}")
+        elif args.command == "scale":
+            if args.ps is None and args.workers is None:
+                raise SystemExit("error: scale: give --ps and/or --workers")
+            spec = client.scale(args.name, ps=args.ps, workers=args.workers)["spec"]
+            print(
+                f"{args.name}: ps {spec['ps']['min']}..{spec['ps']['max']}, "
+                f"workers {spec['workers']['min']}..{spec['workers']['max']}"
+            )
         elif args.command == "retry":
             print(f"{args.name}: {client.retry(args.name)['state']}")
         elif args.command == "logs":
@@ -363,6 +371,18 @@ def cmd_client(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def task_range(text: str) -> tuple[int, int]:
+    """``"4"`` -> (4, 4); ``"2..8"`` -> (2, 8)."""
+    lo, sep, hi = text.partition("..")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN..MAX, got {text!r}") from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected 0 <= MIN <= MAX, got {text!r}")
+    return low, high
 
 
 def _version() -> str:
@@ -478,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("status", "list jobs"),
         ("describe", "one job in full"),
         ("cancel", "cancel a job (final)"),
+        ("scale", "change a job's PS and worker limits; the scheduler picks the shape within them"),
         ("retry", "queue a failed job again (it resumes from its latest checkpoint)"),
         ("logs", "a job's progress log (windows, epochs, events)"),
         ("events", "events"),
@@ -491,8 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         if name == "submit":
             c.add_argument("spec")
-        elif name in ("describe", "cancel", "retry", "logs"):
+        elif name in ("describe", "cancel", "retry", "logs", "scale"):
             c.add_argument("name")
+        if name == "scale":
+            c.add_argument("--ps", type=task_range, help="PS limits: N (exactly N) or MIN..MAX")
+            c.add_argument("--workers", type=task_range, help="worker limits: N (exactly N) or MIN..MAX")
         if name == "logs":
             c.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
         if name == "status":

@@ -51,6 +51,16 @@ class Client:
     def cancel(self, name: str) -> dict[str, Any]:
         return self._call("DELETE", f"/jobs/{name}")
 
+    def scale(
+        self, name: str, ps: tuple[int, int] | None = None, workers: tuple[int, int] | None = None
+    ) -> dict[str, Any]:
+        """New (min, max) limits of a job's PS and/or workers; the scheduler
+        chooses the shape within them at its next round."""
+        body = {kind: {"min": r[0], "max": r[1]} for kind, r in (("ps", ps), ("workers", workers)) if r is not None}
+        if not body:
+            raise ValueError("scale: give ps and/or workers")
+        return self._call("PATCH", f"/jobs/{name}", json=body)
+
     def retry(self, name: str) -> dict[str, Any]:
         return self._call("POST", f"/jobs/{name}/retry")
 
