@@ -8,6 +8,7 @@ boundary (token, Host, Origin, body type and size), metrics.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -16,6 +17,7 @@ import time
 import httpx
 import pytest
 import uvicorn
+import yaml
 
 from elasticps import ConfigError
 from elasticps.manager import Store
@@ -165,7 +167,7 @@ def test_limits_can_be_changed_and_are_validated(server):
     assert [e["kind"] for e in client.get("/events", params={"job": "lim"}).json()] == ["submitted", "limits"]
 
 
-def test_cli_scale_changes_the_limits(server, monkeypatch, capsys):
+def test_cli_scale_changes_the_limits_and_reads_print_json_or_yaml(server, monkeypatch, capsys):
     from elasticps.cli.main import main
 
     client, manager = server
@@ -181,6 +183,13 @@ def test_cli_scale_changes_the_limits(server, monkeypatch, capsys):
     assert "expected 0 <= MIN <= MAX, got '8..2'" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="give --ps and/or --workers"):
         main(["scale", "sc", "--url", url])
+    capsys.readouterr()
+    assert main(["status", "-o", "json", "--url", url]) == 0
+    assert [j["name"] for j in json.loads(capsys.readouterr().out)] == ["sc"]
+    assert main(["describe", "sc", "-o", "yaml", "--url", url]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["spec"]["workers"]["max"] == 8
+    assert main(["events", "sc", "-o", "json", "--url", url]) == 0
+    assert [e["kind"] for e in json.loads(capsys.readouterr().out)] == ["submitted", "limits"]
 
 
 def test_logs_and_the_live_status_view(server, monkeypatch, capsys):

@@ -347,9 +347,10 @@ def cmd_client(args: argparse.Namespace) -> int:
         elif args.command == "status":
             if args.watch:
                 return _watch_status(client, args.watch)
-            print(_status_table(client.jobs()))
+            jobs = client.jobs()
+            print(_status_table(jobs) if args.output == "table" else _dump(jobs, args.output))
         elif args.command == "describe":
-            print(json.dumps(client.job(args.name), indent=2))
+            print(_dump(client.job(args.name), "json" if args.output == "table" else args.output))
         elif args.command == "cancel":
             print(f"{args.name}: {client.cancel(args.name)['state']}")
         elif args.command == "scale":
@@ -363,14 +364,28 @@ def cmd_client(args: argparse.Namespace) -> int:
         elif args.command == "retry":
             print(f"{args.name}: {client.retry(args.name)['state']}")
         elif args.command == "logs":
-            _print_logs(client, args.name, args.follow)
+            if args.output != "table":
+                print(_dump(client.logs(args.name), args.output))
+            else:
+                _print_logs(client, args.name, args.follow)
         elif args.command == "events":
-            for e in client.events(args.name):
+            events = client.events(args.name)
+            if args.output != "table":
+                print(_dump(events, args.output))
+            for e in events if args.output == "table" else []:
                 print(f"{e['id']:5d} {e['job'] or '-':12s} {e['kind']:10s} {e['message']}")
     except ManagerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _dump(data: Any, fmt: str) -> str:
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(data, sort_keys=False).rstrip("\n")
+    return json.dumps(data, indent=2)
 
 
 def task_range(text: str) -> tuple[int, int]:
@@ -514,6 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("spec")
         elif name in ("describe", "cancel", "retry", "logs", "scale"):
             c.add_argument("name")
+        if name in ("status", "describe", "logs", "events"):
+            c.add_argument(
+                "-o",
+                "--output",
+                choices=["table", "json", "yaml"],
+                default="table",
+                help="output format (default table)",
+            )
         if name == "scale":
             c.add_argument("--ps", type=task_range, help="PS limits: N (exactly N) or MIN..MAX")
             c.add_argument("--workers", type=task_range, help="worker limits: N (exactly N) or MIN..MAX")
