@@ -190,6 +190,12 @@ def test_cli_scale_changes_the_limits_and_reads_print_json_or_yaml(server, monke
     assert yaml.safe_load(capsys.readouterr().out)["spec"]["workers"]["max"] == 8
     assert main(["events", "sc", "-o", "json", "--url", url]) == 0
     assert [e["kind"] for e in json.loads(capsys.readouterr().out)] == ["submitted", "limits"]
+    assert main(["delete", "sc", "--url", url]) == 2  # not ended
+    assert "409: job 'sc' is pending; cancel it before deleting it" in capsys.readouterr().err
+    assert main(["cancel", "sc", "--url", url]) == 0 and main(["delete", "sc", "--url", url]) == 0
+    assert "sc: deleted" in capsys.readouterr().out
+    assert client.get("/jobs/sc").status_code == 404
+    assert client.post("/jobs", content=SPEC.format(name="sc"), headers=YAML).status_code == 201  # the name is free
 
 
 def test_logs_and_the_live_status_view(server, monkeypatch, capsys):

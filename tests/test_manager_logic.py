@@ -13,7 +13,7 @@ from elasticps.manager import IllegalTransition, JobState, LimitsPatch, Manager,
 from elasticps.manager.fake import FakeCapacity, FakeRuntime
 from elasticps.manager.service import MAX_FAILURES, RESTART_BACKOFF_S
 from elasticps.manager.spec import Range
-from elasticps.manager.states import TRANSITIONS
+from elasticps.manager.states import TRANSITIONS, JobInUse
 
 SPEC = """name: {name}
 program: elasticps.examples.digits:program
@@ -316,3 +316,24 @@ def test_a_new_job_of_a_known_kind_starts_at_the_fleet_priors_best(env):
     manager.step()
     assert manager.live["same-kind"].asked == (2, 4)
     assert manager.live["other-kind"].asked == (1, 1)
+
+
+def test_delete_frees_the_name_of_an_ended_job_only(env):
+    manager, runtime, _ = env
+    submit(manager, "d")
+    manager.step()
+    with pytest.raises(JobInUse, match="cancel it before deleting it"):
+        manager.delete("d")
+    (manager.workdir / "d" / "checkpoints").mkdir(parents=True, exist_ok=True)
+    manager.cancel("d")
+    if manager._to_close:  # still stopping: refused until the round has closed it
+        with pytest.raises(JobInUse, match="still stopping"):
+            manager.delete("d")
+        manager.step()
+    assert manager.delete("d").state == JobState.CANCELLED
+    assert not (manager.workdir / "d").exists()  # a new job of that name must not resume the old checkpoints
+    assert manager.store.events("d") == [] and manager.store.observations("d") == []
+    assert any(k == "deleted" for _, _, _, k, _ in manager.store.events())
+    submit(manager, "d")  # the name is free again
+    manager.step()
+    assert manager.store.get_job("d").state == JobState.RUNNING and len(runtime.jobs["d"]) == 2

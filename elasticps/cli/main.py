@@ -363,6 +363,9 @@ def cmd_client(args: argparse.Namespace) -> int:
             )
         elif args.command == "retry":
             print(f"{args.name}: {client.retry(args.name)['state']}")
+        elif args.command == "delete":
+            client.delete(args.name)
+            print(f"{args.name}: deleted")
         elif args.command == "logs":
             if args.output != "table":
                 print(_dump(client.logs(args.name), args.output))
@@ -515,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("cancel", "cancel a job (final)"),
         ("scale", "change a job's PS and worker limits; the scheduler picks the shape within them"),
         ("retry", "queue a failed job again (it resumes from its latest checkpoint)"),
+        ("delete", "forget an ended job (record, history, checkpoints); its name can be used again"),
         ("logs", "a job's progress log (windows, epochs, events)"),
         ("events", "events"),
     ]:
@@ -527,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         if name == "submit":
             c.add_argument("spec")
-        elif name in ("describe", "cancel", "retry", "logs", "scale"):
+        elif name in ("describe", "cancel", "retry", "logs", "scale", "delete"):
             c.add_argument("name")
         if name in ("status", "describe", "logs", "events"):
             c.add_argument(

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from elasticps.errors import ConfigError, ElasticPSError, ProgramError
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import MAX_SPEC_BYTES, JobSpec, LimitsPatch, parse_limits, parse_spec
-from elasticps.manager.states import IllegalTransition
+from elasticps.manager.states import IllegalTransition, JobInUse
 from elasticps.manager.store import STATES, JobRecord
 from elasticps.runtime import JobReport
 
@@ -130,7 +130,7 @@ def _http_error(exc: Exception, name: str | None = None) -> HTTPException:
     """The one mapping from errors to statuses."""
     if isinstance(exc, KeyError):
         return HTTPException(404, f"no job named {name!r}")
-    if isinstance(exc, IllegalTransition):
+    if isinstance(exc, (IllegalTransition, JobInUse)):
         return HTTPException(409, str(exc))
     if isinstance(exc, ProgramError):
         return HTTPException(400, f"job spec field 'program': {exc}")
@@ -226,6 +226,11 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
     def cancel(name: str) -> JobOut:
         """Cancel: final and idempotent; 409 if the job already finished or failed."""
         return command(lambda: manager.cancel(name), name)
+
+    @app.post("/jobs/{name}/delete", dependencies=deps, response_model=JobOut, responses=ERRORS)
+    def delete(name: str) -> JobOut:
+        """Forget an ended job (record, history, checkpoints); its name can be used again. 409 if not ended."""
+        return command(lambda: manager.delete(name), name)
 
     @app.post("/jobs/{name}/retry", dependencies=deps, response_model=JobOut, responses=ERRORS)
     def retry(name: str) -> JobOut:

@@ -61,6 +61,10 @@ class Client:
             raise ValueError("scale: give ps and/or workers")
         return self._call("PATCH", f"/jobs/{name}", json=body)
 
+    def delete(self, name: str) -> dict[str, Any]:
+        """Forget an ended job; its name can be used again."""
+        return self._call("POST", f"/jobs/{name}/delete")
+
     def retry(self, name: str) -> dict[str, Any]:
         return self._call("POST", f"/jobs/{name}/retry")
 

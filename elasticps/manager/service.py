@@ -30,6 +30,7 @@ killed and restarted) is started again from its latest checkpoint.
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from collections import OrderedDict, deque
@@ -42,7 +43,7 @@ from elasticps.errors import ElasticPSError, JobEndedError, ProgramError
 from elasticps.manager.capacity import capacity_change, capacity_signature
 from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
-from elasticps.manager.states import ACTIVE, IllegalTransition, JobState
+from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
 from elasticps.manager.store import JobRecord, Retention, Store
 from elasticps.placement import place
 from elasticps.runtime import JobConfig, JobReport, TaskResources
@@ -213,6 +214,22 @@ class Manager:
             self._failures.pop(name, None)
             self._not_before.pop(name, None)
         self.wake.set()
+        return rec
+
+    def delete(self, name: str) -> JobRecord:
+        """Forget an ended job: its record, history and checkpoints; the name can
+        be used again. A job that has not ended must be cancelled first."""
+        with self._lock:
+            rec = self.store.get_job(name)
+            if not JobState(rec.state).ended:
+                raise JobInUse(f"job {name!r} is {rec.state}; cancel it before deleting it")
+            if name in self.live or any(n == name for n, _ in self._to_close):
+                raise JobInUse(f"job {name!r} is still stopping; delete it again in a moment")
+            rec = self.store.delete_job(name)
+            shutil.rmtree(self.workdir / name, ignore_errors=True)
+            self.store.add_event(self.clock(), None, "deleted", f"job {name} deleted ({rec.state}); its name is free")
+            self._failures.pop(name, None)
+            self._not_before.pop(name, None)
         return rec
 
     def shutdown(self) -> None:

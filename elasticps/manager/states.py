@@ -57,6 +57,10 @@ class IllegalTransition(ElasticPSError):
         super().__init__(f"job {job!r} is {current}; it cannot become {wanted}")
 
 
+class JobInUse(ElasticPSError):
+    """A job that has not ended (or is still stopping) cannot be deleted."""
+
+
 def check_transition(job: str, current: str, wanted: str) -> JobState:
     """The wanted state, if ``current -> wanted`` is allowed; else :class:`IllegalTransition`."""
     cur, new = JobState(current), JobState(wanted)

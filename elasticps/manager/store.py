@@ -193,6 +193,15 @@ class Store:
         return jobs
 
     # -- history
+    def delete_job(self, name: str) -> JobRecord:
+        """Remove a job and its history (allocations, observations, events); the name is free again."""
+        rec = self.get_job(name)
+        with self._transaction() as db:
+            for table in ("allocations", "observations", "events"):
+                db.execute(f"DELETE FROM {table} WHERE job = ?", (name,))
+            db.execute("DELETE FROM jobs WHERE name = ?", (name,))
+        return rec
+
     def record_allocation(self, name: str, now: float, num_ps: int, num_workers: int, placement: dict) -> None:
         self._write(
             "INSERT INTO allocations(job, at, num_ps, num_workers, placement) VALUES (?, ?, ?, ?, ?)",
