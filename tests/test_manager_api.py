@@ -198,6 +198,38 @@ def test_cli_scale_changes_the_limits_and_reads_print_json_or_yaml(server, monke
     assert client.post("/jobs", content=SPEC.format(name="sc"), headers=YAML).status_code == 201  # the name is free
 
 
+def test_submit_wait_streams_the_log_and_exits_with_the_jobs_result(server, tmp_path, monkeypatch, capsys):
+    from elasticps.cli.main import main
+
+    client, manager = server
+    url = str(client.base_url).rstrip("/")
+    monkeypatch.setenv("ELASTICPS_TOKEN", "s3cret")
+    done = threading.Event()
+
+    def loop() -> None:  # the manager's rounds, quickly
+        while not done.is_set():
+            manager.step()
+            time.sleep(0.02)
+
+    rounds = threading.Thread(target=loop, daemon=True)
+    rounds.start()
+    try:
+        spec = tmp_path / "w.yaml"
+        spec.write_text(SPEC.format(name="w"))
+        assert main(["submit", str(spec), "--wait", "--url", url]) == 0
+        out = capsys.readouterr().out
+        assert "submitted w (pending)" in out and "samples/s" in out and out.rstrip().endswith("w: finished")
+        done.set()  # no more rounds: the next job stays pending until cancelled
+        rounds.join(timeout=10)
+        spec.write_text(SPEC.format(name="w2"))
+        threading.Timer(0.5, lambda: manager.cancel("w2")).start()
+        assert main(["submit", str(spec), "--wait", "--url", url]) == 1
+        assert capsys.readouterr().out.rstrip().endswith("w2: cancelled")
+    finally:
+        done.set()
+        rounds.join(timeout=10)
+
+
 def test_logs_and_the_live_status_view(server, monkeypatch, capsys):
     from elasticps.cli.main import main
     from elasticps.runtime import EpochReport, JobReport, WindowReport

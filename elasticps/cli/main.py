@@ -316,6 +316,14 @@ def _watch_status(client: Any, every_s: float) -> int:
         return 0
 
 
+def _wait(client: Any, name: str) -> int:
+    """Stream the job's log until it ends; 0 if it finished, 1 if it failed or was cancelled."""
+    _print_logs(client, name, follow=True)
+    state = client.job(name)["state"]
+    print(f"{name}: {state}", flush=True)
+    return 0 if state == "finished" else 1
+
+
 def _print_logs(client: Any, name: str, follow: bool) -> None:
     import time
 
@@ -343,7 +351,9 @@ def cmd_client(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise SystemExit(f"error: cannot read the job spec {args.spec}: {exc.strerror}") from None
             job = client.submit(text, json_body=args.spec.endswith(".json"))
-            print(f"submitted {job['name']} ({job['state']})")
+            print(f"submitted {job['name']} ({job['state']})", flush=True)
+            if args.wait:
+                return _wait(client, job["name"])
         elif args.command == "status":
             if args.watch:
                 return _watch_status(client, args.watch)
@@ -530,7 +540,10 @@ def build_parser() -> argparse.ArgumentParser:
             help="the manager's workdir, to read its token file (default $ELASTICPS_WORKDIR or elasticps-state)",
         )
         if name == "submit":
-            c.add_argument("spec")
+            c.add_argument("spec", help="a job spec file (.yaml, .yml or .json)")
+            c.add_argument(
+                "--wait", action="store_true", help="stream the job's log until it ends; exit 0 if it finished, else 1"
+            )
         elif name in ("describe", "cancel", "retry", "logs", "scale", "delete"):
             c.add_argument("name")
         if name in ("status", "describe", "logs", "events"):
