@@ -11,45 +11,20 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from kubernetes.utils import parse_quantity as _parse_quantity
+
 from elasticps.sched import Resources
 
 GIB = Decimal(1024**3)
 GPU_KEYS = ("nvidia.com/gpu", "amd.com/gpu")
 
-_SUFFIXES = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
-
 
 def parse_quantity(value: str | int | float) -> Decimal:
-    """``"500m"`` -> 0.5, ``"2Gi"`` -> 2147483648, ``"1e3"`` -> 1000; ValueError names a bad one."""
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    text = str(value).strip()
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if suffix and text.endswith(suffix):
-            number, factor = text[: -len(suffix)], _SUFFIXES[suffix]
-            break
-    else:
-        number, factor = text, Decimal(1)
+    """``"500m"`` -> 0.5, ``"2Gi"`` -> 2147483648, ``"1e3"`` -> 1000 (the
+    kubernetes client's parser); ValueError names a bad one."""
     try:
-        return Decimal(number) * factor
-    except InvalidOperation:
+        return Decimal(_parse_quantity(value))
+    except (ValueError, TypeError, InvalidOperation):
         raise ValueError(f"not a Kubernetes quantity: {value!r}") from None
 
 
