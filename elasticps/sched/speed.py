@@ -149,11 +149,11 @@ class SpeedModel:
             b = np.concatenate([y * weight, np.sqrt(prior_precision) * prior])
             theta, _ = nnls(a, b)
             fitted = {k: float(np.dot(theta, row)) for k, row in zip(keys, x, strict=True)}
-            resid = [
-                (self.batch / o.samples_per_s - fitted[k]) / fitted[k]
-                for o in obs
-                if (k := (o.num_ps, o.num_workers, max(1, o.nodes))) and fitted[k] > 0
-            ]
+            resid = []  # each observation's relative miss of the fitted step time
+            for o in obs:
+                step = fitted[(o.num_ps, o.num_workers, max(1, o.nodes))]
+                if step > 0:
+                    resid.append((self.batch / o.samples_per_s - step) / step)
             noise = max(NOISE_FLOOR, math.sqrt(float(np.mean(np.square(resid)))) if resid else NOISE_FLOOR)
         self.theta, self.noise = theta, noise
         self.cov = np.linalg.pinv(a.T @ a)
