@@ -95,6 +95,7 @@ class _Live:
     last_step: int = -1  # windows up to this step are recorded as observations
     events_seen: int = 0  # runtime events already stored
     applied: tuple[int, int, dict] | None = None  # the allocation last recorded
+    compute_share: float | None = None  # of a step, in the latest window (the speed model's prior)
 
 
 def check_allowed(program: str, allowed: tuple[str, ...] | None) -> None:
@@ -428,6 +429,10 @@ class Manager:
                 if w.last_step > live.last_step:
                     self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
                     live.last_step = w.last_step
+                    t = w.mean_step_times
+                    total = t.compute_s + t.pull_s + t.push_s + t.update_s + t.wait_s
+                    if total > 0:
+                        live.compute_share = t.compute_s / total
                     self._failures.pop(name, None)  # progress: its earlier failures are behind it
             for text in st.events:
                 self.store.add_event(now, name, _event_kind(text), text)
@@ -562,7 +567,8 @@ class Manager:
             return None
         spec = rec.spec
         live = self.live.get(rec.name)
-        model = SpeedModel(info.batch_size, spec.mode).fit(
+        share = live.compute_share if live is not None else None
+        model = SpeedModel(info.batch_size, spec.mode, compute_share=share).fit(
             [Observation(p, w, s) for p, w, s in self.store.observations(rec.name)]
         )
         current = None

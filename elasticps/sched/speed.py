@@ -62,12 +62,18 @@ class SpeedModel:
     """``fit(observations)`` then ``predict(p, w)`` (samples/s); callable as ``model(p, w)``.
 
     ``span(p, w)``: the nodes a shape would span once placed (by default 1: the
-    speed then does not depend on placement).
+    speed then does not depend on placement). ``compute_share``: the share of a
+    step the job was measured to spend computing (the runtime's step-time
+    breakdown), for the prior; :data:`COMPUTE_SHARE` when not measured (the
+    live manager passes the latest window's; the simulator models no breakdown).
     """
 
-    def __init__(self, batch_size: int, mode: str = "sync", span: SpanFn | None = None) -> None:
+    def __init__(
+        self, batch_size: int, mode: str = "sync", span: SpanFn | None = None, compute_share: float | None = None
+    ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, got {mode!r}")
+        self.compute_share = COMPUTE_SHARE if compute_share is None else min(0.95, max(0.05, compute_share))
         self.batch = float(batch_size)
         self.mode = mode
         self.span = span
@@ -109,16 +115,18 @@ class SpeedModel:
         return self._features(p, w, 2)
 
     def _prior(self, o: Observation) -> np.ndarray:
-        """Coefficients that explain ``o``'s step as 70% compute, 30% PS traffic."""
+        """Coefficients that explain ``o``'s step as compute (``compute_share`` of
+        it, 70% unless measured) and PS traffic (the rest)."""
         step = self.batch / o.samples_per_s
         p, w = max(o.num_ps, 1), o.num_workers
         cross = 1.0 - 1.0 / max(1, o.nodes)
         if o.num_ps == 0:  # the ring: its share of the step, at its link
             ring = max(2.0 * (w - 1) / w, 1.0)
-            local = (1 - COMPUTE_SHARE) * step / ring / (CROSS_COST if o.nodes > 1 else 1.0)
+            local = (1 - self.compute_share) * step / ring / (CROSS_COST if o.nodes > 1 else 1.0)
         else:
-            local = (1 - COMPUTE_SHARE) * step * p / w / ((1.0 - cross) + CROSS_COST * cross)
-        compute = [COMPUTE_SHARE * step * w / self.batch, 0.0] if self.mode == "sync" else [COMPUTE_SHARE * step]
+            local = (1 - self.compute_share) * step * p / w / ((1.0 - cross) + CROSS_COST * cross)
+        share = self.compute_share
+        compute = [share * step * w / self.batch, 0.0] if self.mode == "sync" else [share * step]
         return np.asarray([*compute, local, CROSS_COST * local, 0.0, 0.0])
 
     def fit(self, observations: list[Observation]) -> SpeedModel:
