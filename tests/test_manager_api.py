@@ -18,6 +18,7 @@ import httpx
 import pytest
 import uvicorn
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from elasticps import ConfigError
 from elasticps.manager import Store
@@ -66,7 +67,10 @@ def test_submit_list_get_cancel_events_metrics(server):
     assert kinds == [("job-1", "submitted"), ("job-2", "submitted"), ("job-1", "cancelled")]
     assert len(client.get("/events", params={"after": 2}).json()) == 1
     metrics = client.get("/metrics").text
-    assert 'elasticps_jobs{state="pending"} 1' in metrics and 'elasticps_jobs{state="cancelled"} 1' in metrics
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    jobs = {s.labels["state"]: s.value for s in families["elasticps_jobs"].samples}
+    assert jobs["pending"] == 1 and jobs["cancelled"] == 1 and jobs["running"] == 0
+    assert families["elasticps_decision_seconds"].type == "histogram"
     assert "openapi" in client.get("/openapi.json").json()
 
 

@@ -337,3 +337,36 @@ def test_delete_frees_the_name_of_an_ended_job_only(env):
     submit(manager, "d")  # the name is free again
     manager.step()
     assert manager.store.get_job("d").state == JobState.RUNNING and len(runtime.jobs["d"]) == 2
+
+
+def test_metrics_are_prometheus_families_that_follow_the_jobs(env):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    manager, runtime, _ = env
+    submit(manager, "m")
+    manager.step()
+    runtime.latest("m").steps_per_poll = 1  # a long job: it runs through every scrape here
+    for _ in range(7):
+        manager.step()
+
+    def scrape() -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for family in text_string_to_metric_families(manager.metrics.exposition().decode()):
+            for s in family.samples:
+                out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+        return out
+
+    first = scrape()
+    job = runtime.latest("m")
+    assert first["elasticps_jobs"][(("state", "running"),)] == 1
+    assert first["elasticps_job_tasks"][(("job", "m"), ("kind", "worker"))] == job.shape[1]
+    samples = first["elasticps_job_samples_total"][(("job", "m"),)]
+    assert samples == job.step * job.info.batch_size > 0
+    assert first["elasticps_job_rescales_total"][(("job", "m"),)] == len(manager.store.allocations("m")) - 1
+    assert first["elasticps_decision_seconds_count"][()] == 8
+    cpus = {k[0][1]: v for k, v in first["elasticps_cluster_cpus"].items()}
+    assert cpus["capacity"] == 8.0 and cpus["ours"] + cpus["free"] + cpus["others"] == pytest.approx(8.0)
+    manager.step()
+    second = scrape()
+    assert second["elasticps_job_samples_total"][(("job", "m"),)] > samples  # a counter: it only grows
+    assert second["elasticps_decision_seconds_count"][()] == 9

@@ -29,14 +29,15 @@ from urllib.parse import urlsplit
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from elasticps.errors import ConfigError, ElasticPSError, ProgramError
+from elasticps.manager.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import MAX_SPEC_BYTES, JobSpec, LimitsPatch, parse_limits, parse_spec
 from elasticps.manager.states import IllegalTransition, JobInUse
-from elasticps.manager.store import STATES, JobRecord
+from elasticps.manager.store import JobRecord
 from elasticps.runtime import JobReport
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -260,25 +261,9 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
         return [EventOut(id=i, at=at, job=j, kind=kind, message=msg) for i, at, j, kind, msg in rows]
 
     @app.get("/metrics", response_class=PlainTextResponse, dependencies=deps)
-    def metrics() -> PlainTextResponse:
-        lines = ["# HELP elasticps_jobs Jobs by state.", "# TYPE elasticps_jobs gauge"]
-        counts: dict[str, int] = {}
-        for rec in manager.store.list_jobs():
-            counts[rec.state] = counts.get(rec.state, 0) + 1
-        lines += [f'elasticps_jobs{{state="{state}"}} {counts.get(state, 0)}' for state in STATES]
-        statuses = sorted(manager.statuses().items())
-        lines += ["# HELP elasticps_job_tasks Tasks of a running job.", "# TYPE elasticps_job_tasks gauge"]
-        for name, st in statuses:
-            lines.append(f'elasticps_job_tasks{{job="{name}",kind="ps"}} {st.num_ps}')
-            lines.append(f'elasticps_job_tasks{{job="{name}",kind="worker"}} {st.num_workers}')
-        lines += [
-            "# HELP elasticps_job_samples_per_second Latest throughput.",
-            "# TYPE elasticps_job_samples_per_second gauge",
-        ]
-        for name, st in statuses:
-            if st.windows:
-                lines.append(f'elasticps_job_samples_per_second{{job="{name}"}} {st.windows[-1].samples_per_s:.3f}')
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    def metrics() -> Response:
+        """Prometheus exposition (prometheus_client): jobs, tasks, samples, rescales, CPUs, decision time."""
+        return Response(manager.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/healthz")
     def healthz() -> dict:

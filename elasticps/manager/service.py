@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from elasticps.errors import ElasticPSError, JobEndedError, ProgramError
 from elasticps.manager.capacity import capacity_change, capacity_signature
+from elasticps.manager.metrics import ManagerMetrics
 from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
@@ -158,6 +159,7 @@ class Manager:
         self._rounds = 0
         # the latest rounds' decisions: (time, {job: (ps, workers)}), for reports and tests
         self.decisions: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=1000)
+        self.metrics = ManagerMetrics(self)
 
     # -- commands (from the API's threads)
     def submit(self, spec: JobSpec) -> JobRecord:
@@ -254,10 +256,12 @@ class Manager:
             views = [v for v in (self._view(r, now, priors) for r in records) if v is not None]
             cluster = self.capacity.view(self._ours())
             self._note_unfit(views, cluster, now)
+            started = time.perf_counter()
             decision, self.state = self.policy.decide(views, cluster, self.state)
             self.decisions.append((now, dict(decision)))
             current = {n: live.asked_placement for n, live in self.live.items()}
             placed = place(views, decision, cluster, current, self.placement_method)
+            self.metrics.decision_seconds.observe(time.perf_counter() - started)
             for rec in records:
                 shape, placement = decision.get(rec.name), placed.placement.get(rec.name)
                 if shape is not None and placement is not None:

@@ -1,0 +1,91 @@
+"""``GET /metrics``: the manager in Prometheus's exposition format, written by
+``prometheus_client``.
+
+Per scrape, from the manager's state: jobs by state, each running job's tasks,
+samples trained (a counter: steps x global batch) and applied rescales (a
+counter, from the store's allocation history), and the cluster's CPUs
+(capacity, held by other tenants, held by our jobs, free). Kept by the
+manager as it runs: a histogram of the time each round takes to decide and
+place. Each manager has its own registry, so several can live in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from elasticps.manager.states import JobState
+
+if TYPE_CHECKING:
+    from elasticps.manager.service import Manager
+
+#: What ``GET /metrics`` answers with.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DECISION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ManagerMetrics:
+    """A manager's registry: its decision-time histogram and a collector of its state."""
+
+    def __init__(self, manager: Manager) -> None:
+        self.registry = CollectorRegistry()
+        self.decision_seconds = Histogram(
+            "elasticps_decision_seconds",
+            "Time one round takes to run the policy and placement.",
+            buckets=DECISION_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(manager))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, manager: Manager) -> None:
+        self.manager = manager
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.manager
+        jobs = GaugeMetricFamily("elasticps_jobs", "Jobs by state.", labels=["state"])
+        counts: dict[str, int] = {}
+        records = m.store.list_jobs()
+        for rec in records:
+            counts[rec.state] = counts.get(rec.state, 0) + 1
+        for state in JobState:
+            jobs.add_metric([state.value], counts.get(state.value, 0))
+        yield jobs
+
+        statuses = sorted(m.statuses().items())
+        batch = {rec.name: rec.info.batch_size for rec in records if rec.info is not None}
+        tasks = GaugeMetricFamily("elasticps_job_tasks", "Tasks of a running job.", labels=["job", "kind"])
+        samples = CounterMetricFamily(
+            "elasticps_job_samples", "Samples trained by a running job (steps x global batch).", labels=["job"]
+        )
+        rescales = CounterMetricFamily("elasticps_job_rescales", "Rescales applied to a job.", labels=["job"])
+        for name, st in statuses:
+            tasks.add_metric([name, "ps"], st.num_ps)
+            tasks.add_metric([name, "worker"], st.num_workers)
+            samples.add_metric([name], st.step * batch.get(name, 0))
+            rescales.add_metric([name], max(0, len(m.store.allocations(name)) - 1))
+        yield tasks
+        yield samples
+        yield rescales
+
+        cpus = GaugeMetricFamily("elasticps_cluster_cpus", "The cluster's CPUs.", labels=["kind"])
+        try:
+            with m._lock:
+                ours = m._ours()
+            view = m.capacity.view(ours)
+        except Exception:  # no cluster to read (not connected yet, or gone): no capacity figures
+            return
+        held = sum(r.cpu for r in ours.values())  # the view counts only other tenants as used
+        cpus.add_metric(["capacity"], view.capacity.cpu)
+        cpus.add_metric(["others"], sum(n.used_by_others.cpu for n in view.nodes))
+        cpus.add_metric(["ours"], held)
+        cpus.add_metric(["free"], max(0.0, view.available.cpu - held))
+        yield cpus
