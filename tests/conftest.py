@@ -5,8 +5,16 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# Property tests: the same examples on every run by default (a CI run must not
+# fail on a case no one changed code for); HYPOTHESIS_PROFILE=explore searches
+# afresh with many more examples (run it after touching a policy).
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 @pytest.fixture(scope="module")

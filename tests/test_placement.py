@@ -141,7 +141,7 @@ def scenarios(draw):
 
 
 @pytest.mark.parametrize("method", sorted(PLACERS))
-@settings(max_examples=80, deadline=None)
+@settings(deadline=None)
 @given(scenario=scenarios())
 def test_placement_properties(method, scenario):
     jobs, decision, cluster = scenario

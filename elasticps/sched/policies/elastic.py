@@ -126,14 +126,18 @@ class ElasticPolicy:
         decision, left = grow(rest, decision, left, score, caps, pairs=True, jumps=self.jumps)
         decision, _ = grow(rest, decision, left, score, pairs=True, jumps=self.jumps)  # room the held jobs did not take
         decision.update(held)
-        self._explore(jobs, decision, available)
+        left = self._explore(jobs, decision, available)
+        # a probe may take fewer tasks than the job held: room it frees admits whoever still waits
+        late, _ = admit([j for j in jobs if j.id not in decision], left, order=self._order)
+        decision.update(late)
         return decision, PolicyState(shrink_wishes=wishes)
 
     @staticmethod
-    def _explore(jobs: list[JobView], decision: Decision, available: Resources) -> None:
+    def _explore(jobs: list[JobView], decision: Decision, available: Resources) -> Resources:
         """4. Exploration: room nobody else took goes to jobs whose speed model is
         still unsure, to the first of their probes (``JobView.explore``, then
-        ``JobView.probes``) that fits in it (a probe may also take fewer tasks of a kind)."""
+        ``JobView.probes``) that fits in it (a probe may also take fewer tasks of
+        a kind). Returns the room left."""
         left = available
         by_id = {j.id: j for j in jobs}
         for job_id, shape in decision.items():
@@ -152,6 +156,7 @@ class ElasticPolicy:
                     decision[job.id] = nxt
                     left = left - extra
                     break
+        return left
 
     def _order(self, jobs) -> list[JobView]:
         """Running jobs first (by arrival), then waiting jobs by aged remaining time."""
