@@ -35,6 +35,12 @@ ELEMENTWISE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
 #: Optimizers with a fused CPU kernel in torch, used unless the program asks otherwise.
 FUSED_OPTIMIZERS = frozenset({"sgd", "adam", "adamw", "adagrad"})
 
+#: How the learning rate follows the global batch M when it changes from the
+#: program's ``batch_size`` M0: lr x (M/M0)^k, k = 0.5 (square-root scaling, the
+#: safe default for adaptive optimizers), 1 (linear scaling, SGD's classic rule)
+#: or 0 (unchanged).
+LR_SCALING = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}
+
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = Callable[[torch.Tensor, torch.Tensor], float]
 
@@ -57,8 +63,18 @@ class TrainingProgram:
             averaged over ``eval_dataset`` at the end of every epoch.
         optimizer: one of :data:`ELEMENTWISE_OPTIMIZERS`.
         optimizer_kwargs: extra arguments (e.g. ``{"momentum": 0.9}``).
-        lr: learning rate.
-        batch_size: the global batch size M, split across the workers.
+        lr: learning rate (at ``batch_size``, step 0).
+        batch_size: the global batch size M, split across the workers; the
+            initial one when ``max_batch_size`` is set.
+        max_batch_size: if set (> ``batch_size``, ``sync`` mode), the batch is
+            adaptive: the scheduler may raise M up to this at a step boundary,
+            when the job's measured gradient noise scale says larger batches
+            still make progress per sample (see :mod:`elasticps.sched.goodput`).
+        lr_scaling: how the learning rate follows M: one of :data:`LR_SCALING`.
+        lr_schedule: optional ``lr_schedule(step) -> float``, a multiplier of
+            ``lr`` at each step (warm-up, decay). The learning rate of step t at
+            batch M is ``lr * lr_schedule(t) * (M / batch_size) ** k``; exact in
+            ``sync`` mode for any shape and any schedule of M.
         epochs: passes over ``dataset``.
         seed: seeds the initial parameters and the data order.
     """
@@ -75,6 +91,9 @@ class TrainingProgram:
     eval_dataset: Any = None
     metric: Metric | None = None
     seed: int = 0
+    max_batch_size: int | None = None
+    lr_scaling: str = "sqrt"
+    lr_schedule: Callable[[int], float] | None = None
 
     def __post_init__(self) -> None:
         if self.optimizer not in ELEMENTWISE_OPTIMIZERS:
@@ -92,8 +111,35 @@ class TrainingProgram:
             raise ProgramError(f"epochs must be >= 1, got {self.epochs}")
         if not self.lr > 0:
             raise ProgramError(f"lr must be > 0, got {self.lr}")
+        if self.max_batch_size is not None and self.max_batch_size < self.batch_size:
+            raise ProgramError(f"max_batch_size ({self.max_batch_size}) must be >= batch_size ({self.batch_size})")
+        if self.lr_scaling not in LR_SCALING:
+            raise ProgramError(f"lr_scaling must be one of {sorted(LR_SCALING)}, got {self.lr_scaling!r}")
+        if self.lr_schedule is not None and not callable(self.lr_schedule):
+            raise ProgramError("lr_schedule must be callable as lr_schedule(step) -> float")
         if (self.metric is None) != (self.eval_dataset is None):
             raise ProgramError("metric and eval_dataset must be given together")
+
+    @property
+    def adaptive_batch(self) -> bool:
+        return self.max_batch_size is not None and self.max_batch_size > self.batch_size
+
+    def check_batch(self, batch: int) -> int:
+        """``batch`` if this program may train at it, else a ProgramError."""
+        top = self.max_batch_size or self.batch_size
+        if not (isinstance(batch, int) and self.batch_size <= batch <= top):
+            raise ProgramError(f"{self.name}: global batch must be in {self.batch_size}..{top}, got {batch!r}")
+        return batch
+
+    def lr_at(self, step: int, batch: int) -> float:
+        """The learning rate of ``step`` at global batch ``batch``."""
+        lr = self.lr * (batch / self.batch_size) ** LR_SCALING[self.lr_scaling]
+        if self.lr_schedule is not None:
+            factor = float(self.lr_schedule(step))
+            if not (factor >= 0 and factor < float("inf")):
+                raise ProgramError(f"{self.name}: lr_schedule({step}) returned {factor!r}, not a finite value >= 0")
+            lr *= factor
+        return lr
 
     def build_model(self) -> torch.nn.Module:
         """The model with the program's reproducible initial parameters."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
@@ -10,7 +11,7 @@ import pytest
 import ray
 import torch
 
-from elasticps import ConfigError, JobFailedError, PlacementError, TrainingProgram
+from elasticps import ConfigError, JobFailedError, PlacementError, ProgramError, TrainingProgram
 from elasticps.examples import digits
 from elasticps.runtime import relative_error, train_single_process
 from tests.helpers import make_job, run_until_applied, wait_for
@@ -43,6 +44,56 @@ def test_sync_adam_through_rescales_matches_single_process(ray_local):
     numel = sum(p.numel() for p in program.build_model().parameters())
     assert sum(report.bytes_between_nodes.values()) > 2 * 4 * numel * total
     job.shutdown()
+
+
+def test_batch_and_lr_schedule_changes_through_rescales_match_single_process(ray_local, tmp_path):
+    # the global batch changes at step boundaries (with a shape change at the same
+    # boundary once), the lr follows the square-root rule and a warm-up schedule
+    program = dataclasses.replace(
+        digits.program(epochs=50, optimizer="adam", max_batch_size=256),
+        lr_schedule=lambda step: min(1.0, (step + 1) / 8),
+    )
+    job = make_job(1, 2, program, checkpoint_dir=str(tmp_path))
+    schedule = [64] * 3 + [128] * 3 + [256] * 2 + [96] * 3
+    job.run(max_steps=3)
+    job.set_batch_size(128)
+    run_until_applied(job, job.rescale(2, 3))
+    job.run(max_steps=2)
+    job.set_batch_size(256)
+    job.run(max_steps=2)
+    job.set_batch_size(96)
+    job.run(max_steps=1)
+    job.stop()
+    job.run()
+    job.shutdown()
+    resumed = make_job(2, 3, program, checkpoint_dir=str(tmp_path))  # the checkpoint keeps the batch
+    resumed.run(max_steps=2)
+    assert resumed.step == len(schedule) and resumed.batch_size == 96
+    ref = train_single_process(program, max_steps=len(schedule), batch_schedule=schedule.__getitem__)
+    assert relative_error(resumed.parameters(), ref.params) < TOL
+    assert resumed.samples_seen == ref.samples  # the last batch is cut at the end of the epoch (1347)
+    assert [w.batch_size for w in resumed.report().windows] == [96]
+    assert any("global batch 128 -> 256" in e for e in job.report().events)
+    resumed.shutdown()
+    # without the change of lr the runtime would differ from the reference: the test can fail
+    flat = dataclasses.replace(program, lr_scaling="none")
+    assert (
+        relative_error(
+            train_single_process(flat, max_steps=len(schedule), batch_schedule=schedule.__getitem__).params, ref.params
+        )
+        > 1e-3
+    )
+
+
+def test_batch_changes_are_refused_outside_the_program_limits(ray_local):
+    fixed = make_job(1, 1, digits.program(epochs=1))
+    with pytest.raises(ProgramError, match="global batch must be in 64..64"):
+        fixed.set_batch_size(128)
+    adaptive = make_job(1, 1, digits.program(epochs=1, max_batch_size=256), mode="async")
+    with pytest.raises(ConfigError, match="sync mode only"):
+        adaptive.set_batch_size(128)
+    with pytest.raises(ProgramError, match="max_batch_size"):
+        digits.program(batch_size=64, max_batch_size=32)
 
 
 def test_runs_to_the_end_with_epoch_reports(ray_local, tmp_path):

@@ -22,6 +22,7 @@ from elasticps.sched import (
     make_policy,
     statistical_efficiency,
 )
+from elasticps.sched.objectives import Objective, batches_for, best_batch_of
 from tests.builders import make_cluster, make_job, optimus_speed
 
 # ---------------------------------------------------------------- speed model
@@ -128,6 +129,55 @@ def test_adaptive_batch_picks_the_best_goodput():
 
     batch, goodput = best_batch(lambda m: 1000 * m / (m + 64), 256.0, 32, [64, 128, 256, 512])
     assert batch == 128 and goodput == pytest.approx(1000 * 128 / 192 * 288 / 384)
+
+
+def batch_truth(p: int, w: int, m: int, t=(0.002, 0.01, 0.03, 0.001, 0.002)) -> float:
+    """The Optimus sync form at global batch m: compute scales with m, the rest does not."""
+    return m / (t[0] * m / w + t[1] + t[2] * w / p + t[3] * w + t[4] * p) if p >= 1 and w >= 1 else 0.0
+
+
+def test_speed_model_predicts_other_batches_from_the_compute_term():
+    shapes = [(1, 1), (1, 2), (2, 2), (2, 4), (3, 6), (1, 4)]
+    obs = [Observation(p, w, batch_truth(p, w, 256)) for p, w in shapes]
+    obs += [Observation(p, w, batch_truth(p, w, 512), batch=512) for p, w in [(2, 4), (1, 2)]]
+    model = SpeedModel(256).fit(obs)
+    for p, w, m in [(4, 8, 1024), (2, 4, 128), (3, 3, 512)]:
+        assert model.predict_at(p, w, m) == pytest.approx(batch_truth(p, w, m), rel=0.02)
+    assert model.predict_at(2, 4, 256) == pytest.approx(batch_truth(2, 4, 256))  # seen: the measurement
+    truth_ratio = batch_truth(2, 4, 1024) / batch_truth(2, 4, 256)  # bigger batches amortise the traffic: 1.40
+    assert model.batch_ratio(2, 4, 1024) == pytest.approx(truth_ratio, rel=0.02) and truth_ratio > 1.3
+
+
+def adaptive_job(noise_scale: float | None = 64.0, **kw) -> JobView:
+    return make_job(
+        "a",
+        speed=lambda p, w: batch_truth(p, w, 64),
+        speed_at=batch_truth,
+        batch_sizes=(64, 128, 256, 512),
+        noise_scale=noise_scale,
+        remaining_samples=1e9,
+        **kw,
+    )
+
+
+def test_the_three_objectives_choose_different_batches_and_shapes():
+    job = adaptive_job()
+    # speed: the largest batch (steps amortised); goodput: where samples/s x E(M) peaks
+    assert best_batch_of(job, 2, 4, Objective.SPEED)[0] == 512
+    goodput_batch, goodput = best_batch_of(job, 2, 4, Objective.GOODPUT)
+    assert goodput_batch == 128
+    assert goodput == pytest.approx(batch_truth(2, 4, 128) * statistical_efficiency(128, 64.0, 64))
+    # unknown noise scale: every batch counts as efficient, goodput takes the fastest too
+    assert best_batch_of(adaptive_job(noise_scale=None), 2, 4, Objective.GOODPUT)[0] == 512
+    cluster = make_cluster(n=4, cpu=16)
+    chosen = {}
+    for objective in ("speed", "goodput", "efficiency"):
+        decision, _ = make_policy("elastic", objective=objective).decide([job], cluster)
+        chosen[objective] = (sum(decision["a"]), batches_for([job], decision, objective)["a"])
+    assert chosen["speed"][1] > chosen["goodput"][1]  # speed prefers big batches
+    assert chosen["efficiency"][0] < chosen["goodput"][0]  # efficiency stops growing sooner
+    # a fixed-batch job has no batch to choose
+    assert batches_for([make_job("f")], {"f": (1, 1)}, "goodput") == {}
 
 
 # ---------------------------------------------------------------- policies, tables

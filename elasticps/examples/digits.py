@@ -70,8 +70,11 @@ def program(
     lr: float | None = None,
     seed: int = 0,
     model: str = "mlp",
+    max_batch_size: int | None = None,
+    lr_scaling: str = "sqrt",
 ) -> TrainingProgram:
-    """``model``: ``mlp`` (small, fast) or ``cnn`` (compute-heavy, see :func:`cnn`)."""
+    """``model``: ``mlp`` (small, fast) or ``cnn`` (compute-heavy, see :func:`cnn`);
+    ``max_batch_size``: let the scheduler raise the global batch up to it."""
     if model not in ("mlp", "cnn"):
         raise ValueError(f"model must be 'mlp' or 'cnn', got {model!r}")
     kwargs = {"momentum": 0.9} if optimizer == "sgd" else {}
@@ -88,6 +91,8 @@ def program(
         batch_size=batch_size,
         epochs=epochs,
         seed=seed,
+        max_batch_size=max_batch_size,
+        lr_scaling=lr_scaling,
     )
 
 

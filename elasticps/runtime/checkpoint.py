@@ -36,6 +36,7 @@ class Checkpoint:
     seed: int
     optimizer: str
     samples_seen: int
+    batch_size: int | None = None  # the global batch when written (None: the program's)
 
 
 class CheckpointStore:
@@ -55,6 +56,7 @@ class CheckpointStore:
             "seed": ckpt.seed,
             "optimizer": ckpt.optimizer,
             "samples_seen": ckpt.samples_seen,
+            "batch_size": ckpt.batch_size,
             "scalars": ckpt.state.scalars,
             "vectors": sorted(ckpt.state.vectors),
         }
@@ -108,4 +110,5 @@ class CheckpointStore:
             seed=meta["seed"],
             optimizer=meta["optimizer"],
             samples_seen=meta["samples_seen"],
+            batch_size=meta.get("batch_size"),
         )

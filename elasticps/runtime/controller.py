@@ -129,6 +129,8 @@ class JobController:
         self.step = 0
         self.position = DataPosition(0, 0)
         self.samples_seen = 0
+        self.batch_size = self.program.batch_size  # the global batch M now
+        self._batch_request: int | None = None
         self.state = "created"
         self.error: str | None = None
         self.final_metric: float | None = None  # the metric of the final parameters, once finished
@@ -171,6 +173,17 @@ class JobController:
             self._request_id += 1
             self._target = Shape(num_ps, num_workers, placement)
             return self._request_id
+
+    def set_batch_size(self, batch: int) -> None:
+        """Ask for global batch ``batch``: the next step after a step boundary
+        trains at it, with the learning rate the program's rule gives
+        (:meth:`TrainingProgram.lr_at`). Only programs with ``max_batch_size``
+        may change it, and only in ``sync`` mode."""
+        self.program.check_batch(batch)
+        if batch != self.program.batch_size and self.config.mode != "sync":
+            raise ConfigError(f"job {self.program.name}: the global batch adapts in sync mode only")
+        with self._lock:
+            self._batch_request = batch
 
     def wait_rescale(self, request_id: int, timeout_s: float = 120.0) -> RescaleRecord:
         """Block until request ``request_id`` is applied; raise if it failed."""
@@ -215,6 +228,7 @@ class JobController:
                 bytes_between_nodes=dict(self._bytes),
                 cross_node_bytes=sum(v for k, v in self._bytes.items() if _crosses(k)),
                 error=self.error,
+                batch_size=self.batch_size,
             )
 
     def placement(self) -> dict[str, str]:
@@ -264,6 +278,8 @@ class JobController:
             self._check_checkpoint(ckpt)
             state = ckpt.state
             self.step, self.position, self.samples_seen = ckpt.step, ckpt.position, ckpt.samples_seen
+            if ckpt.batch_size is not None and self._batch_request is None:
+                self.batch_size = self.program.check_batch(ckpt.batch_size)
             self._event(f"resumed from checkpoint at step {ckpt.step} (epoch {ckpt.position.epoch})")
         else:
             state = ShardState(flat_params(self.program.build_model()))
@@ -353,7 +369,15 @@ class JobController:
             raise ConfigError("no checkpoint_dir configured")
         state = self._gather_state()
         self._store.save(
-            Checkpoint(self.step, self.position, state, self.program.seed, self.program.optimizer, self.samples_seen)
+            Checkpoint(
+                self.step,
+                self.position,
+                state,
+                self.program.seed,
+                self.program.optimizer,
+                self.samples_seen,
+                self.batch_size,
+            )
         )
         self._last_ckpt_step = self.step
 
@@ -363,7 +387,8 @@ class JobController:
         each shard waits for the gradients itself, so a step costs the controller
         one round trip. A shard applies a step whole or not at all."""
         assert self._batches is not None
-        idx, next_pos = self._batches.take(self.position, self.program.batch_size)
+        idx, next_pos = self._batches.take(self.position, self.batch_size)
+        lr = self.program.lr_at(self.step, self.batch_size)
         measure = self._measure_gns()
         t0 = time.perf_counter()
         calls = []
@@ -387,6 +412,7 @@ class JobController:
                 [refs[j + 1] for _, refs in calls],
                 measure,
                 any(w.node_id != ps.node_id for w in self.workers),
+                lr,
             )
             for j, ps in enumerate(self.ps)
         ]
@@ -422,7 +448,7 @@ class JobController:
         """
         assert self._batches is not None
         batches = self._batches
-        local = max(1, self.program.batch_size // len(self.workers))
+        local = max(1, self.batch_size // len(self.workers))
         in_flight: dict[Any, tuple[int, tasks.Task, list[Any], int, float]] = {}
         epoch = self.position.epoch
         segment_end = time.monotonic() + self.config.report_interval_s
@@ -471,7 +497,9 @@ class JobController:
             else:
                 try:
                     applies = [
-                        ps.handle.apply.options(num_returns=2).remote(self.step, [refs[j + 1]], False)
+                        ps.handle.apply.options(num_returns=2).remote(
+                            self.step, [refs[j + 1]], False, True, self.program.lr_at(self.step, self.batch_size)
+                        )
                         for j, ps in enumerate(self.ps)
                     ]
                     infos = ray.get([a[0] for a in applies])
@@ -569,6 +597,7 @@ class JobController:
                 mean_step_times=win.times.scaled(1.0 / win.steps),
                 num_ps=len(self.ps),
                 num_workers=len(self.workers),
+                batch_size=self.batch_size,
             )
             self._windows.append(report)
             del self._windows[:-MAX_WINDOWS]
@@ -602,6 +631,7 @@ class JobController:
             noise_scale=noise_scale(self._epoch_grad_samples),
             num_ps=len(self.ps),
             num_workers=len(self.workers),
+            batch_size=self.batch_size,
         )
         with self._lock:
             self._epochs.append(report)
@@ -632,7 +662,17 @@ class JobController:
 
     # ------------------------------------------------------- shape changes
     def _boundary(self) -> None:
-        """At a step boundary: start, apply or fail pending shape changes; checkpoint."""
+        """At a step boundary: change the batch, start, apply or fail pending shape
+        changes; checkpoint."""
+        with self._lock:
+            batch, self._batch_request = self._batch_request, None
+        if batch is not None and batch != self.batch_size:
+            self._flush_window()  # a window's steps share one batch
+            self._event(
+                f"global batch {self.batch_size} -> {batch} (lr {self.program.lr_at(self.step, batch):.4g}, "
+                f"{self.program.lr_scaling} scaling)"
+            )
+            self.batch_size = batch
         self._launch_pending()
         pending = self._pending
         if pending is not None:

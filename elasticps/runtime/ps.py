@@ -91,7 +91,7 @@ class PSShard:
 
     # -- training ---------------------------------------------------------------
     def apply(
-        self, step: int, grads: list[ray.ObjectRef], measure: bool, copy_out: bool = True
+        self, step: int, grads: list[ray.ObjectRef], measure: bool, copy_out: bool = True, lr: float | None = None
     ) -> tuple[dict[str, float], np.ndarray | ShmRef]:
         """Sum the workers' gradient slices for ``step`` (in the order given) and update.
 
@@ -101,6 +101,7 @@ class PSShard:
         (with ``measure``, the squared norm of the summed gradient, for the
         noise scale) and the new parameters for the next pulls: a copy, or with
         ``copy_out=False`` a :class:`ShmRef` to them for same-node workers.
+        ``lr``: this step's learning rate (schedule and batch scaling applied).
         """
         arrays = [self._attached.resolve(g) for g in ray.get(grads)]
         received_at = time.time()
@@ -112,6 +113,9 @@ class PSShard:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # non-writable array: the grad is only read
                 self.param.grad = torch.from_numpy(total)
+            if lr is not None:
+                for group in self.opt.param_groups:
+                    group["lr"] = lr
             self.opt.step()
             self.param.grad = None
         self.version = step + 1  # the step whose parameters these are

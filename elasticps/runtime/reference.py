@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,10 +28,17 @@ class ReferenceResult:
 
 
 def train_single_process(
-    program: TrainingProgram, max_steps: int | None = None, threads: int | None = None, skip_steps: int = 0
+    program: TrainingProgram,
+    max_steps: int | None = None,
+    threads: int | None = None,
+    skip_steps: int = 0,
+    batch_schedule: Callable[[int], int] | None = None,
 ) -> ReferenceResult:
     """Plain PyTorch training (model, ``torch.optim``, one process), step for step
-    the same global batches as the runtime. Times only the steps after ``skip_steps``."""
+    the same global batches as the runtime, with the learning rate of
+    :meth:`TrainingProgram.lr_at`. ``batch_schedule(step)``: the global batch of
+    each step (the program's ``batch_size`` by default). Times only the steps
+    after ``skip_steps``."""
     if threads is not None:
         torch.set_num_threads(threads)
     model = program.build_model()
@@ -45,8 +53,11 @@ def train_single_process(
     while pos.epoch < program.epochs and (max_steps is None or steps < max_steps):
         if steps == skip_steps:
             t0, samples = time.perf_counter(), 0
-        idx, pos = batches.take(pos, program.batch_size)
+        batch = program.batch_size if batch_schedule is None else batch_schedule(steps)
+        idx, pos = batches.take(pos, batch)
         x, y = fetch_batch(dataset, idx)
+        for group in opt.param_groups:
+            group["lr"] = program.lr_at(steps, batch)
         opt.zero_grad()
         loss = program.loss(model(x), y)
         loss.backward()

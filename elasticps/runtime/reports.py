@@ -81,6 +81,7 @@ class WindowReport:
     mean_step_times: StepTimes
     num_ps: int
     num_workers: int
+    batch_size: int = 0  # the global batch of these steps (0: not recorded)
 
 
 @dataclass
@@ -94,6 +95,7 @@ class EpochReport:
     noise_scale: float | None
     num_ps: int
     num_workers: int
+    batch_size: int = 0  # the global batch at the epoch's end
 
 
 @dataclass
@@ -136,6 +138,7 @@ class JobReport:
     bytes_between_nodes: dict[str, int] = field(default_factory=dict)
     cross_node_bytes: int = 0
     error: str | None = None
+    batch_size: int = 0  # the global batch now
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,6 +20,18 @@ def statistical_efficiency(batch: float, noise_scale: float | None, reference_ba
     return (noise_scale + reference_batch) / (noise_scale + batch)
 
 
+def batch_candidates(base: int, top: int | None) -> tuple[int, ...]:
+    """The global batches an adaptive job may train at: ``base`` doubled while at
+    most ``top``, and ``top`` (``(base,)`` when the batch is fixed)."""
+    if top is None or top <= base:
+        return (base,)
+    out = [base]
+    while out[-1] * 2 < top:
+        out.append(out[-1] * 2)
+    out.append(top)
+    return tuple(out)
+
+
 def best_batch(
     samples_per_s: Callable[[float], float],
     noise_scale: float | None,

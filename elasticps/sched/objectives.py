@@ -1,10 +1,14 @@
 """What a policy maximises for a job.
 
-- ``speed``: raw samples/s.
-- ``goodput`` (default): samples/s x statistical efficiency (see :mod:`.goodput`).
-- ``efficiency``: samples/s, but a job grows only while each added task keeps
-  its marginal efficiency -- relative speed gain over relative resource
+- ``speed``: raw samples/s (an adaptive job's largest batch, where steps are cheapest per sample).
+- ``goodput`` (default): samples/s x statistical efficiency E(M) (see :mod:`.goodput`),
+  the batch chosen per shape to maximise it: progress per second.
+- ``efficiency``: goodput, but a job grows only while each added task keeps
+  its marginal efficiency -- relative goodput gain over relative resource
   increase (1.0 is linear scaling) -- at or above a threshold.
+
+With a fixed batch, E is a constant factor per job, so goodput and speed
+decide alike; they differ for jobs whose batch adapts.
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 from enum import StrEnum
 
 from elasticps.errors import ConfigError
-from elasticps.sched.types import JobView
+from elasticps.sched.goodput import best_batch
+from elasticps.sched.types import Decision, JobView
 
 DEFAULT_EFFICIENCY_THRESHOLD = 0.5
 
@@ -31,9 +36,25 @@ class Objective(StrEnum):
 
 
 def utility(job: JobView, p: int, w: int, objective: Objective) -> float:
-    """The quantity the objective values for ``job`` at shape (p, w)."""
-    speed = max(0.0, float(job.speed(p, w)))
-    return speed * job.efficiency if objective is Objective.GOODPUT else speed
+    """The quantity the objective values for ``job`` at shape (p, w), at the
+    best batch for it."""
+    return best_batch_of(job, p, w, objective)[1]
+
+
+def best_batch_of(job: JobView, p: int, w: int, objective: Objective) -> tuple[int | None, float]:
+    """The global batch the objective prefers for ``job`` at (p, w) (None: the
+    batch is fixed), and the utility there. ``speed`` takes the batch with the
+    most samples/s; ``goodput`` and ``efficiency`` the most samples/s x E(M)
+    (ties: the smaller batch)."""
+    if not job.batch_sizes or job.speed_at is None:
+        speed = max(0.0, float(job.speed(p, w)))
+        return None, speed if objective is Objective.SPEED else speed * job.efficiency
+    speed_at = job.speed_at
+    noise = None if objective is Objective.SPEED else job.noise_scale  # speed: every batch counts as efficient
+    batch, value = best_batch(
+        lambda m: max(0.0, float(speed_at(p, w, int(m)))), noise, job.batch_sizes[0], list(job.batch_sizes)
+    )
+    return int(batch), value
 
 
 def marginal_efficiency(u_old: float, u_new: float, tasks_old: int, tasks_new: int) -> float:
@@ -41,3 +62,21 @@ def marginal_efficiency(u_old: float, u_new: float, tasks_old: int, tasks_new: i
     if u_old <= 0 or tasks_old <= 0:
         return float("inf") if u_new > 0 else 0.0
     return ((u_new - u_old) / u_old) / ((tasks_new - tasks_old) / tasks_old)
+
+
+def objective_of(job: JobView, default: Objective) -> Objective:
+    """The job's own objective, else ``default`` (the cluster's)."""
+    return Objective.parse(job.objective) if job.objective else default
+
+
+def batches_for(jobs: list[JobView], decision: Decision, default: Objective | str) -> dict[str, int]:
+    """The global batch of each adaptive job the ``decision`` runs: the best for
+    its shape under its objective (what a driver applies with the shape)."""
+    default = Objective.parse(default)
+    out: dict[str, int] = {}
+    for job in jobs:
+        if job.id in decision and job.batch_sizes:
+            batch, _ = best_batch_of(job, *decision[job.id], objective_of(job, default))
+            if batch is not None:
+                out[job.id] = batch
+    return out

@@ -56,6 +56,7 @@ class Observation:
     num_workers: int
     samples_per_s: float
     nodes: int = 1  # the nodes the job's tasks were on
+    batch: int = 0  # the global batch it ran at (0: the model's)
 
 
 class SpeedModel:
@@ -98,15 +99,17 @@ class SpeedModel:
     # sync: [M/w, 1, w/p same node, w/p across, w, p]; async: the same without M/w.
     # No PS (p = 0): the workers all-reduce in a ring, 2(w-1)/w of the gradient
     # each, at the speed of its slowest link: within a node, or across nodes.
-    def _features(self, p: int, w: int, nodes: int) -> list[float]:
+    # A sync step's compute scales with the global batch (``batch``, the model's by default).
+    def _features(self, p: int, w: int, nodes: int, batch: float | None = None) -> list[float]:
+        m = self.batch if not batch else float(batch)
         if p == 0:
             ring = 2.0 * (w - 1) / w
             tail = [ring if nodes <= 1 else 0.0, ring if nodes > 1 else 0.0, float(w), 0.0]
-            return [self.batch / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
+            return [m / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
         cross = 1.0 - 1.0 / max(1, nodes)
         w_over_p = w / p
         tail = [w_over_p * (1.0 - cross), w_over_p * cross, float(w), float(p)]
-        return [self.batch / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
+        return [m / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
 
     def _scale_features(self, p: int, w: int) -> list[float]:
         """Features with both traffic columns in use: how large each term can be."""
@@ -117,7 +120,8 @@ class SpeedModel:
     def _prior(self, o: Observation) -> np.ndarray:
         """Coefficients that explain ``o``'s step as compute (``compute_share`` of
         it, 70% unless measured) and PS traffic (the rest)."""
-        step = self.batch / o.samples_per_s
+        batch = float(o.batch or self.batch)
+        step = batch / o.samples_per_s
         p, w = max(o.num_ps, 1), o.num_workers
         cross = 1.0 - 1.0 / max(1, o.nodes)
         if o.num_ps == 0:  # the ring: its share of the step, at its link
@@ -126,7 +130,7 @@ class SpeedModel:
         else:
             local = (1 - self.compute_share) * step * p / w / ((1.0 - cross) + CROSS_COST * cross)
         share = self.compute_share
-        compute = [share * step * w / self.batch, 0.0] if self.mode == "sync" else [share * step]
+        compute = [share * step * w / batch, 0.0] if self.mode == "sync" else [share * step]
         return np.asarray([*compute, local, CROSS_COST * local, 0.0, 0.0])
 
     def fit(self, observations: list[Observation]) -> SpeedModel:
@@ -135,19 +139,23 @@ class SpeedModel:
         if not obs:
             self.theta, self.cov, self.shapes, self.best_seen, self._seen = None, None, set(), 0.0, {}
             return self
-        groups: dict[tuple[int, int, int], list[float]] = {}
+        groups: dict[tuple[int, int, int, int], list[float]] = {}  # step times of each (p, w, nodes, batch)
         for o in obs:
-            groups.setdefault((o.num_ps, o.num_workers, max(1, o.nodes)), []).append(self.batch / o.samples_per_s)
+            batch = o.batch or int(self.batch)
+            groups.setdefault((o.num_ps, o.num_workers, max(1, o.nodes), batch), []).append(batch / o.samples_per_s)
         keys = sorted(groups)
         x = np.asarray([self._features(*k) for k in keys])
         y = np.asarray([float(np.mean(groups[k])) for k in keys])
         n = np.asarray([min(len(groups[k]), WEIGHT_CAP) for k in keys], dtype=float)
-        self.shapes = {(p, w) for p, w, _ in keys}
-        self._seen = {k: float(np.mean([self.batch / v for v in groups[k][-WEIGHT_CAP:]])) for k in keys}
-        self.best_seen = max(self._seen.values())
+        self.shapes = {(p, w) for p, w, _, _ in keys}
+        self._seen = {
+            (p, w, nodes): float(np.mean([self.batch / v for v in groups[(p, w, nodes, b)][-WEIGHT_CAP:]]))
+            for p, w, nodes, b in keys
+            if b == int(self.batch)
+        }
         # the prior: its mean from the latest observation, its width the whole step
         prior = self._prior(obs[-1])
-        scale = np.mean(np.abs(np.asarray([self._scale_features(p, w) for p, w, _ in keys])), axis=0)
+        scale = np.mean(np.abs(np.asarray([self._scale_features(p, w) for p, w, _, _ in keys])), axis=0)
         ref = float(np.mean(y))
         prior_precision = np.where(scale > 0, scale / ref, 1.0 / ref) ** 2
         noise = NOISE_FLOOR
@@ -159,13 +167,41 @@ class SpeedModel:
             fitted = {k: float(np.dot(theta, row)) for k, row in zip(keys, x, strict=True)}
             resid = []  # each observation's relative miss of the fitted step time
             for o in obs:
-                step = fitted[(o.num_ps, o.num_workers, max(1, o.nodes))]
+                batch = o.batch or int(self.batch)
+                step = fitted[(o.num_ps, o.num_workers, max(1, o.nodes), batch)]
                 if step > 0:
-                    resid.append((self.batch / o.samples_per_s - step) / step)
+                    resid.append((batch / o.samples_per_s - step) / step)
             noise = max(NOISE_FLOOR, math.sqrt(float(np.mean(np.square(resid)))) if resid else NOISE_FLOOR)
         self.theta, self.noise = theta, noise
         self.cov = np.linalg.pinv(a.T @ a)
+        # the best speed seen, at the model's batch: measured there, else the form's
+        self.best_seen = max(
+            self._seen.get((p, w, nodes)) or self._form(p, w, nodes, self.batch) for p, w, nodes, _ in keys
+        )
         return self
+
+    def _form(self, p: int, w: int, nodes: int, batch: float) -> float:
+        assert self.theta is not None
+        y = float(np.dot(self.theta, self._features(p, w, nodes, batch)))
+        return batch / y if y > 0 else 0.0
+
+    def batch_ratio(self, p: int, w: int, batch: int) -> float:
+        """samples/s at global batch ``batch`` over samples/s at the model's batch,
+        by the fitted form (1.0 when unknown, or in async mode)."""
+        if self.theta is None or self.mode != "sync" or w < 1 or batch == int(self.batch):
+            return 1.0
+        nodes = self._nodes(p, w)
+        here = self._form(p, w, nodes, self.batch)
+        return self._form(p, w, nodes, float(batch)) / here if here > 0 else 1.0
+
+    def predict_at(self, p: int, w: int, batch: int) -> float:
+        """Predicted samples/s at global batch ``batch`` (sync mode: the compute
+        term scales with it, the rest of the step does not)."""
+        if batch == int(self.batch) or self.mode != "sync":
+            return self.predict(p, w)
+        if self.theta is None or w < 1:
+            return 0.0
+        return self._form(p, w, self._nodes(p, w), float(batch))
 
     def predict(self, p: int, w: int) -> float:
         """Predicted samples/s (0 without observations or for w < 1): the mean
@@ -176,10 +212,7 @@ class SpeedModel:
         seen = self.observed(p, w)
         if seen is not None:
             return seen
-        y = float(np.dot(self.theta, self._features(p, w, self._nodes(p, w))))
-        if y <= 0:
-            return 0.0
-        return self.batch / y  # both forms: y = M / samples_per_s
+        return self._form(p, w, self._nodes(p, w), self.batch)  # both forms: y = M / samples_per_s
 
     __call__ = predict
 

@@ -40,8 +40,9 @@ GPU_KINDS: tuple[ModelKind, ...] = (
 )
 
 
-def kind_speed(kind: ModelKind, p: int, w: int, cross: float, local_factor: float) -> float:
-    """Ground-truth samples/s at (p, w) when ``cross`` of the traffic crosses nodes.
+def kind_speed(kind: ModelKind, p: int, w: int, cross: float, local_factor: float, batch: int | None = None) -> float:
+    """Ground-truth samples/s at (p, w) when ``cross`` of the traffic crosses nodes,
+    at global batch ``batch`` (the kind's by default).
 
     PS kinds: ``M / (t0 M/w + t1 + t2 (w/p) (cross + (1 - cross) local_factor) + t3 w + t4 p)``.
     All-reduce kinds (p = 0): ``M / (t0 M/w + t1 + 2 (w-1)/w ring)``, the ring's
@@ -50,7 +51,7 @@ def kind_speed(kind: ModelKind, p: int, w: int, cross: float, local_factor: floa
     if w < 1:
         return 0.0
     t0, t1, t2, t3, t4 = kind.theta
-    m = kind.batch
+    m = batch or kind.batch
     if kind.allreduce:
         ring = t3 if cross > 0 else t2
         return m / (t0 * m / w + t1 + 2.0 * (w - 1) / w * ring)

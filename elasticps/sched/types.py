@@ -9,6 +9,8 @@ from elasticps.errors import ConfigError
 
 #: A job's speed in samples/s as a function of (#PS, #workers).
 SpeedFn = Callable[[int, int], float]
+#: ... and of the global batch M: ``speed_at(p, w, M)``.
+BatchSpeedFn = Callable[[int, int, int], float]
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,12 @@ class JobView:
     ``remaining_samples`` is the work left; ``current`` its shape now (None if
     not running); ``efficiency`` its statistical efficiency at its batch size
     (1.0 when unknown); ``objective`` overrides the cluster's.
+
+    Adaptive batch (``batch_sizes`` non-empty and ``speed_at`` given): the
+    policy may also choose the global batch among ``batch_sizes`` (the first is
+    the reference M0, in whose samples ``remaining_samples`` counts), judged by
+    ``speed_at(p, w, M)`` and the statistical efficiency from ``noise_scale``
+    (see :func:`elasticps.sched.objectives.best_batch_of`).
     """
 
     id: str
@@ -102,6 +110,9 @@ class JobView:
     waited_s: float = 0.0
     explore: tuple[int, int] | None = field(default=None, compare=False)
     probes: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    batch_sizes: tuple[int, ...] = ()
+    noise_scale: float | None = None
+    speed_at: BatchSpeedFn | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (0 <= self.min_ps <= self.max_ps) or not (1 <= self.min_workers <= self.max_workers):

@@ -11,6 +11,9 @@ speed: one rule for the live manager and the simulator.
 - Nothing known: the shape the user asked for (``start``), or the minimum.
 - Some shapes seen, no confident model: up to the current shape or the probes
   (best first; the policy takes the first that fits in the room left).
+
+At another global batch (adaptive jobs), the speed is scaled by the job's own
+fitted form, else the prior's (:meth:`SpeedModel.batch_ratio`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elasticps.sched.speed import SpeedModel
-from elasticps.sched.types import SpeedFn
+from elasticps.sched.types import BatchSpeedFn, SpeedFn
 
 #: Probes offered to the policy, best first: it takes the first that fits.
 PROBES = 8
@@ -46,6 +49,7 @@ class ViewPlan:
     speed: SpeedFn
     limits: ShapeLimits
     probes: tuple[tuple[int, int], ...] = ()
+    speed_at: BatchSpeedFn | None = None
 
     @property
     def explore(self) -> tuple[int, int] | None:
@@ -69,6 +73,25 @@ def plan_view(
 ) -> ViewPlan:
     """The speed function and the range of shapes a policy may choose from for
     one job (see the module's docstring); ``prior`` counts only if identified."""
+    plan = _plan(model, limits, current, start, prior)
+    scaler = model if model.theta is not None or prior is None else prior
+    return ViewPlan(plan.speed, plan.limits, plan.probes, _at_batch(plan.speed, scaler))
+
+
+def _at_batch(speed: SpeedFn, scaler: SpeedModel) -> BatchSpeedFn:
+    def speed_at(p: int, w: int, batch: int) -> float:
+        return speed(p, w) * scaler.batch_ratio(p, w, batch)
+
+    return speed_at
+
+
+def _plan(
+    model: SpeedModel,
+    limits: ShapeLimits,
+    current: tuple[int, int] | None,
+    start: tuple[int, int] | None,
+    prior: SpeedModel | None,
+) -> ViewPlan:
     if model.confident(*limits.astuple()):
         return ViewPlan(model.predict, limits)
     if prior is not None and prior.identified:

@@ -15,6 +15,12 @@ job whose own model is not yet confident is judged by a model fitted on the
 reports of every job of the same kind (the same model trained before), once
 that pooled model is confident; the ground truth is never used. Events: arrivals,
 completions, scheduling ticks, other tenants' load changing.
+
+Work counts in samples at the kind's batch M0. A job with an adaptive batch
+trains at the batch the policy picks for its shape (:func:`batches_for`) and
+progresses at samples/s x E(M), E from its noise scale, which grows as the job
+progresses (:func:`~elasticps.sim.workload.noise_scale_at`); the policy sees
+the noise scale of now (the runtime measures it every epoch).
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from elasticps.errors import ConfigError
 from elasticps.placement import cross_node_bytes_per_step, place
 from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
 from elasticps.sched.fit import describe, fit_problem
+from elasticps.sched.goodput import batch_candidates, statistical_efficiency
+from elasticps.sched.objectives import batches_for
 from elasticps.sched.policies import make_policy
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
-from elasticps.sim.workload import KINDS, WorkloadJob
+from elasticps.sim.workload import KINDS, WorkloadJob, noise_scale_at
 
 #: ``--policy oracle``: the elastic policy's decisions, admission and placement,
 #: made knowing each job's true speed (a bound on what learning the speeds can give).
@@ -73,6 +81,18 @@ class _Job:
     finished: float | None = None
     rescales: int = 0
     history: list[tuple[float, int, int]] = field(default_factory=list)
+    batch: int = 0  # the global batch it trains at
+    batch_changes: int = 0
+
+    @property
+    def done_share(self) -> float:
+        return 1.0 - self.remaining / self.spec.samples
+
+    def efficiency(self) -> float:
+        """E of its batch now, relative to the kind's batch."""
+        if self.batch == self.kind.batch:
+            return 1.0
+        return statistical_efficiency(self.batch, noise_scale_at(self.spec, self.done_share), self.kind.batch)
 
 
 @dataclass
@@ -91,6 +111,7 @@ class SimResult:
 
 
 def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_factor: float) -> float:
+    """Raw samples/s at the job's batch, as placed."""
     if job.kind.allreduce:
         nodes = len(set(placement.values())) if placement else w
         return kind_speed(job.kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor)
@@ -98,14 +119,14 @@ def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_facto
         return 0.0
     total = 2.0 * job.kind.param_bytes * w
     cross = cross_node_bytes_per_step(placement, job.kind.param_bytes) / total if placement else 1.0
-    return kind_speed(job.kind, p, w, cross, local_factor)
+    return kind_speed(job.kind, p, w, cross, local_factor, job.batch or None)
 
 
-def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: float) -> float:
+def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: float, batch: int | None = None) -> float:
     """Ground-truth samples/s of a shape whose tasks are spread evenly over
     ``nodes`` nodes: a worker's PS traffic crosses nodes for the 1 - 1/nodes of
     PS shards that are elsewhere."""
-    return kind_speed(kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor)
+    return kind_speed(kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor, batch)
 
 
 def _worker_resources(spec: WorkloadJob) -> Resources:
@@ -180,9 +201,10 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         return ClusterView(tuple(NodeView(n, capacity, Resources(cpu=used)) for n, used in tenant.items()))
 
     def rate_of(job: _Job) -> float:
+        """Progress in samples at the kind's batch per second."""
         if job.shape is None:
             return 0.0
-        return true_speed(job, *job.shape, job.placement, config.local_traffic_factor)
+        return true_speed(job, *job.shape, job.placement, config.local_traffic_factor) * job.efficiency()
 
     kind_models: dict[str, SpeedModel] = {}  # the fleet prior: one model per kind, from every job's reports
 
@@ -206,13 +228,21 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
 
         return speed
 
+    def oracle_speed_at(job: _Job):
+        span = span_of(job.spec)
+
+        def speed_at(p: int, w: int, batch: int) -> float:
+            return spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor, batch)
+
+        return speed_at
+
     priors: dict[tuple[str, float, float], SpeedModel] = {}  # a kind's model, for jobs of one task size
 
     def view(job: _Job) -> JobView:
         s = job.spec
         limits = ShapeLimits(s.min_ps, s.max_ps, s.min_workers, s.max_workers)
         if oracle:  # it knows every shape's speed: nothing to explore
-            plan = ViewPlan(oracle_speed(job), limits)
+            plan = ViewPlan(oracle_speed(job), limits, speed_at=oracle_speed_at(job))
         else:
             prior = None
             if config.fleet_prior and job.kind.name in kind_models:
@@ -239,6 +269,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             waited_s=t - s.arrival_s if job.started is None else 0.0,
             explore=plan.explore,
             probes=plan.probes,
+            batch_sizes=batch_candidates(job.kind.batch, s.max_batch) if s.max_batch > job.kind.batch else (),
+            noise_scale=noise_scale_at(s, job.done_share) if s.noise_scale > 0 else None,
+            speed_at=plan.speed_at,
         )
 
     def schedule() -> None:
@@ -247,6 +280,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         cluster = cluster_view()
         t0 = time.perf_counter()
         decision, state = policy.decide(views, cluster, state)
+        batches = batches_for(views, decision, config.objective)
         placed = place(
             views, decision, cluster, {j: active[j].placement for j in active if active[j].shape}, config.placement
         )
@@ -269,6 +303,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                         job.started = t
                 job.shape, job.placement = new_shape, new_place
                 job.history.append((t, *(new_shape or (0, 0))))
+            batch = batches.get(jid, job.batch) if job.shape is not None else job.batch
+            if batch != job.batch:  # at a step boundary: no new tasks, no pause
+                job.batch, job.batch_changes = batch, job.batch_changes + 1
             rates[jid] = rate_of(job)
 
     while done < len(arrivals):
@@ -289,7 +326,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             run = max(0.0, t_next - max(t, job.paused_until))
             r = rates.get(s.id, 0.0)
             job.remaining -= r * run
-            cross_bytes += r / job.kind.batch * run * cross_node_bytes_per_step(job.placement, job.kind.param_bytes)
+            steps_per_s = r / job.efficiency() / job.batch
+            cross_bytes += steps_per_s * run * cross_node_bytes_per_step(job.placement, job.kind.param_bytes)
         avail = sum(config.node_cpu - u for u in tenant.values())
         busy_cpu_s += used * dt
         avail_cpu_s += avail * dt
@@ -306,7 +344,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         while ai < len(arrivals) and arrivals[ai].arrival_s <= t:
             spec = arrivals[ai]
             kind = KINDS[spec.kind]
-            job = _Job(spec, kind, spec.samples, SpeedModel(kind.batch, span=span_of(spec)))
+            job = _Job(spec, kind, spec.samples, SpeedModel(kind.batch, span=span_of(spec)), batch=kind.batch)
             jobs[spec.id] = active[spec.id] = job
             ai += 1
         if t >= next_tenant:
@@ -321,7 +359,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                 if job.shape is not None and r > 0 and t >= job.paused_until:
                     observed = r * max(0.05, 1.0 + rng.gauss(0.0, config.noise))
                     nodes = len(set(job.placement.values())) or 1
-                    job.observations.append(Observation(*job.shape, observed, nodes))
+                    raw = observed / job.efficiency()  # what the runtime reports: samples/s at its batch
+                    job.observations.append(Observation(*job.shape, raw, nodes, job.batch))
                     job.model.fit(job.observations[-50:])
             if config.fleet_prior:
                 by_kind: dict[str, list[Observation]] = {}
@@ -346,6 +385,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         "mean_utilization": busy_cpu_s / avail_cpu_s if avail_cpu_s > 0 else 0.0,
         "cross_node_bytes": cross_bytes,
         "rescales": sum(j.rescales for j in jobs.values()),
+        "batch_changes": sum(j.batch_changes for j in jobs.values()),
+        "cpu_hours": busy_cpu_s / 3600.0,
         "decisions": len(decision_times),
         "decision_median_ms": statistics.median(decision_times) * 1e3 if decision_times else 0.0,
         "decision_p99_ms": _percentile(decision_times, 0.99) * 1e3,

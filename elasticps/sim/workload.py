@@ -12,12 +12,24 @@ from elasticps.errors import ConfigError
 from elasticps.sched.synthetic import GPU_KINDS, MODEL_KINDS, optimus_samples_per_s
 
 KINDS = {k.name: k for k in MODEL_KINDS + GPU_KINDS}
+#: A job's gradient noise scale grows this many times over its training (it
+#: grows by about an order of magnitude as the loss falls: McCandlish et al.,
+#: "An Empirical Model of Large-Batch Training", 2018).
+NOISE_GROWTH = 10.0
+
+
+def noise_scale_at(job: WorkloadJob, done: float) -> float:
+    """The job's noise scale once ``done`` (0..1) of its work is done: geometric growth."""
+    return job.noise_scale * NOISE_GROWTH ** min(1.0, max(0.0, done))
 
 
 @dataclass(frozen=True)
 class WorkloadJob:
-    """One job of a workload. ``samples`` is the total work; the static shape is
-    (``static_ps``, ``static_workers``), what the user asked for."""
+    """One job of a workload. ``samples`` is the total work, in samples at the
+    kind's batch; the static shape is (``static_ps``, ``static_workers``), what
+    the user asked for. ``max_batch`` > the kind's batch: an adaptive batch;
+    ``noise_scale``: the gradient noise scale at the start (0: unknown, every
+    batch as efficient), growing :data:`NOISE_GROWTH`-fold by the end."""
 
     id: str
     arrival_s: float
@@ -34,6 +46,8 @@ class WorkloadJob:
     ps_memory_gb: float = 4.0
     worker_memory_gb: float = 8.0
     worker_gpu: float = 0.0
+    max_batch: int = 0
+    noise_scale: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -42,6 +56,12 @@ class WorkloadJob:
             raise ConfigError(
                 f"job {self.id}: an all-reduce kind has no PS (max_ps 0) and GPU workers (worker_gpu > 0)"
             )
+        if self.max_batch and (KINDS[self.kind].allreduce or self.max_batch < KINDS[self.kind].batch):
+            raise ConfigError(
+                f"job {self.id}: max_batch must be >= the kind's batch ({KINDS[self.kind].batch}), PS kinds only"
+            )
+        if self.noise_scale < 0:
+            raise ConfigError(f"job {self.id}: noise_scale must be >= 0")
         if self.samples <= 0 or self.arrival_s < 0:
             raise ConfigError(f"job {self.id}: samples must be > 0 and arrival_s >= 0")
         if not (
@@ -56,13 +76,17 @@ def synthetic_workload(
     mean_interarrival_s: float = 30.0,
     mean_duration_s: float = 3600.0,
     gpu_share: float = 0.0,
+    adaptive_share: float = 0.0,
 ) -> list[WorkloadJob]:
     """Poisson arrivals; model kinds mixed; work sized so that a job at its
     static shape would take a lognormal time around ``mean_duration_s``.
     ``gpu_share`` of the jobs are all-reduce GPU jobs (no PS, 1 GPU per worker,
-    asking 2, 4 or 8 GPUs); the rest are drawn as without it."""
+    asking 2, 4 or 8 GPUs); the rest are drawn as without it. ``adaptive_share``
+    of the PS jobs have an adaptive batch (up to 8x the kind's) and a noise
+    scale starting at 0.25-2x the kind's batch; the others are unchanged."""
     rng = random.Random(seed)
     gpu_rng = random.Random(seed + 7919)  # a separate stream: the PS jobs stay those of gpu_share = 0
+    batch_rng = random.Random(seed + 104729)  # likewise for adaptive_share
     t = 0.0
     jobs = []
     for i in range(num_jobs):
@@ -91,6 +115,12 @@ def synthetic_workload(
                 )
             )
             continue
+        adaptive = {}
+        if adaptive_share > 0 and batch_rng.random() < adaptive_share:
+            adaptive = {
+                "max_batch": 8 * kind.batch,
+                "noise_scale": kind.batch * batch_rng.choice([0.25, 0.5, 1.0, 2.0]),
+            }
         jobs.append(
             WorkloadJob(
                 id=f"job-{i:05d}",
@@ -102,6 +132,7 @@ def synthetic_workload(
                 static_ps=static[0],
                 static_workers=static[1],
                 worker_cpu=worker_cpu,
+                **adaptive,
             )
         )
     return jobs

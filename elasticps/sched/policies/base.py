@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from elasticps.sched.objectives import Objective
+from elasticps.sched.objectives import objective_of as objective_of
 from elasticps.sched.types import ClusterView, Decision, JobView, Resources
 
 
@@ -132,7 +132,3 @@ def _delta(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> Resource
 def task_share(job: JobView, old: tuple[int, int], new: tuple[int, int], total: Resources) -> float:
     """Dominant share of the cluster that going from ``old`` to ``new`` adds."""
     return max(_delta(job, old, new).dominant_share(total), 1e-9)
-
-
-def objective_of(job: JobView, default: Objective) -> Objective:
-    return Objective.parse(job.objective) if job.objective else default
