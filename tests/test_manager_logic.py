@@ -11,6 +11,7 @@ import pytest
 from elasticps.errors import ProgramError
 from elasticps.manager import IllegalTransition, JobState, LimitsPatch, Manager, Retention, Store, parse_spec
 from elasticps.manager.fake import FakeCapacity, FakeRuntime
+from elasticps.manager.runtime import ProgramInfo
 from elasticps.manager.service import MAX_FAILURES, RESTART_BACKOFF_S
 from elasticps.manager.spec import Range
 from elasticps.manager.states import TRANSITIONS, JobInUse
@@ -294,7 +295,7 @@ def test_retention_keeps_the_newest(tmp_path):
         store.record_observation("a", float(i), 1, 1, float(i))
     store.prune(Retention(events=10, observations_per_job=5))
     assert [e[4] for e in store.events()][-1] == "e29" and len(store.events()) == 10
-    assert [s for _, _, s in store.observations("a")] == [25.0, 26.0, 27.0, 28.0, 29.0]
+    assert [s for _, _, s, _ in store.observations("a")] == [25.0, 26.0, 27.0, 28.0, 29.0]
 
 
 def test_a_new_job_of_a_known_kind_starts_at_the_fleet_priors_best(env):
@@ -370,3 +371,33 @@ def test_metrics_are_prometheus_families_that_follow_the_jobs(env):
     second = scrape()
     assert second["elasticps_job_samples_total"][(("job", "m"),)] > samples  # a counter: it only grows
     assert second["elasticps_decision_seconds_count"][()] == 9
+
+
+@pytest.mark.parametrize("objective", ["speed", "goodput"])
+def test_the_objective_sets_an_adaptive_jobs_batch(tmp_path, objective):
+    """A program with max_batch_size: the manager picks its global batch from the measured
+    noise scale and the speed model (speed: the largest; goodput: where samples/s x E(M)
+    peaks), asks the runtime for it, and records observations at the batch they ran at."""
+
+    def speed_at(p: int, w: int, m: int) -> float:  # compute-heavy: big batches are barely faster per sample
+        return m / (0.01 * m / w + 0.02 + 0.005 * w / p)
+
+    info = ProgramInfo("adaptive", 64, 50, 100_000, max_batch_size=512)
+    runtime = FakeRuntime(programs={"pkg:adaptive": info}, speed_at=speed_at, noise_scale=64.0)
+    manager = Manager(
+        Store(tmp_path / "m.db"), tmp_path / "work", objective=objective, clock=Clock(), runtime=runtime,
+        capacity=FakeCapacity(), policy_options={"rescale_cost_s": 0.0},
+    )  # fmt: skip
+    manager.submit(
+        parse_spec(SPEC.format(name="a", cpu=1.0).replace("elasticps.examples.digits:program", "pkg:adaptive"))
+    )
+    for _ in range(8):
+        manager.step()
+    job = runtime.latest("a")
+    batches = {b for *_, b in manager.store.observations("a")}
+    if objective == "speed":
+        assert job.batch == 512 and 512 in batches
+    else:  # E(512) = 128/576: goodput stays at the batch it has
+        assert job.batch == 0 and batches == {64}
+    assert ("batch" in kinds(manager, "a")) == (objective == "speed")
+    check_invariants(manager)

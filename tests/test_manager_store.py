@@ -68,7 +68,7 @@ def test_store_round_trip_and_duplicate_names(tmp_path):
     store.record_observation("digits-1", 20.0, 1, 2, 1234.5)
     assert store.get_job("digits-1").state == "running"
     assert store.allocations("digits-1")[0][3]["worker-1"] == "n2"
-    assert store.observations("digits-1") == [(1, 2, 1234.5)]
+    assert store.observations("digits-1") == [(1, 2, 1234.5, 0)]
     assert [e[3] for e in store.events("digits-1")] == ["submitted", "running"]
     assert [j.name for j in store.list_jobs(("running",))] == ["digits-1"]
     with pytest.raises(ValueError, match="'exploded' is not a valid JobState"):

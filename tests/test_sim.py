@@ -173,3 +173,25 @@ def test_a_workload_with_gpu_jobs_runs_and_reports_how_they_were_spread():
         simulate(work, SimConfig(nodes=8, policy="elastic"))  # GPU jobs and no GPUs: refused, not a hang
     with pytest.raises(ConfigError, match="all-reduce kind has no PS"):
         dataclasses.replace(gpu[0], max_ps=2)
+
+
+def test_adaptive_batch_jobs_make_the_three_objectives_differ(capsys):
+    """Jobs whose batch may grow 8x and whose noise scale starts near their batch:
+    goodput finishes them sooner than speed (which takes the largest batch, however
+    little each sample then teaches), efficiency spends fewer CPU-hours than goodput."""
+    work = synthetic_workload(60, seed=4, adaptive_share=1.0)
+    assert all(j.max_batch > 0 and j.noise_scale > 0 for j in work)
+    assert synthetic_workload(60, seed=4) == [dataclasses.replace(j, max_batch=0, noise_scale=0.0) for j in work]
+    runs = {
+        o: simulate(work, SimConfig(nodes=16, seed=4, objective=o)).metrics for o in ("goodput", "speed", "efficiency")
+    }
+    assert runs["goodput"]["avg_jct_s"] < 0.8 * runs["speed"]["avg_jct_s"]
+    assert runs["efficiency"]["cpu_hours"] < runs["goodput"]["cpu_hours"]
+    assert all(r["batch_changes"] > 0 for r in runs.values())
+    # the same through the CLI's table
+    assert main(["sim", "--jobs", "20", "--nodes", "8", "--adaptive-jobs", "1", "--objectives", "goodput,speed",
+                 "--quiet"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "batch_changes" in out and out.splitlines()[1].startswith("goodput") and "speed" in out
+    with pytest.raises(SystemExit, match="--objectives takes goodput, speed, efficiency; got fastest"):
+        main(["sim", "--jobs", "5", "--objectives", "goodput,fastest", "--quiet"])

@@ -143,15 +143,26 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_sim(args: argparse.Namespace) -> int:
     from elasticps.sim import SimConfig, gain_captured, load_workload, simulate, synthetic_workload
 
-    if not 0.0 <= args.gpu_jobs <= 1.0:
-        raise SystemExit(f"error: --gpu-jobs is a share of the jobs, 0..1, got {args.gpu_jobs:g}")
+    for flag, share in (("--gpu-jobs", args.gpu_jobs), ("--adaptive-jobs", args.adaptive_jobs)):
+        if not 0.0 <= share <= 1.0:
+            raise SystemExit(f"error: {flag} is a share of the jobs, 0..1, got {share:g}")
+    if args.compare and args.objectives:
+        raise SystemExit("error: --compare (policies) and --objectives: one at a time")
     if args.workload:
         workload = load_workload(args.workload)
     else:
-        workload = synthetic_workload(args.jobs, seed=args.seed, gpu_share=args.gpu_jobs)
-    policies = args.compare.split(",") if args.compare else [args.policy]
+        workload = synthetic_workload(
+            args.jobs, seed=args.seed, gpu_share=args.gpu_jobs, adaptive_share=args.adaptive_jobs
+        )
+    if args.objectives:  # one policy under each objective, the table keyed by objective
+        runs = [(args.policy, o.strip()) for o in args.objectives.split(",")]
+        bad = [o for _, o in runs if o not in ("goodput", "speed", "efficiency")]
+        if bad:
+            raise SystemExit(f"error: --objectives takes goodput, speed, efficiency; got {', '.join(bad)}")
+    else:
+        runs = [(p, args.objective) for p in (args.compare.split(",") if args.compare else [args.policy])]
     results = {}
-    for policy in policies:
+    for policy, objective in runs:
         config = SimConfig(
             nodes=args.nodes,
             node_cpu=args.node_cpu,
@@ -159,13 +170,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
             interval_s=args.interval_s,
             rescale_pause_s=args.rescale_pause_s,
             policy=policy,
-            objective=args.objective,
+            objective=objective,
             placement=args.placement,
             fleet_prior=not args.no_fleet_prior,
             seed=args.seed,
         )
-
-        results[policy] = simulate(workload, config, None if args.quiet else _progress_printer(policy))
+        name = objective if args.objectives else policy
+        results[name] = simulate(workload, config, None if args.quiet else _progress_printer(name))
         if not args.quiet and sys.stderr.isatty():
             print(file=sys.stderr)
     if args.plot:
@@ -206,7 +217,9 @@ def _progress_printer(policy: str):
 
 
 def _print_table(results: dict) -> None:
-    cols = ["avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "mean_utilization", "cross_node_bytes", "rescales"]
+    cols = ["avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "mean_utilization", "cpu_hours", "rescales"]
+    if any(r.metrics.get("batch_changes") for r in results.values()):
+        cols.append("batch_changes")
     if any("gain_captured" in r.metrics for r in results.values()):
         cols.append("gain_captured")  # (static - policy) / (static - oracle), avg JCT
     print(f"{'policy':10s} " + " ".join(f"{c:>16s}" for c in cols))
@@ -577,6 +590,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="synthetic workload: share of all-reduce GPU jobs (needs --node-gpu)",
     )
+    sim.add_argument(
+        "--adaptive-jobs",
+        type=float,
+        default=0.0,
+        help="synthetic workload: share of PS jobs with an adaptive batch (up to 8x) and a growing noise scale",
+    )
     sim.add_argument("--interval-s", type=float, default=300.0, help="scheduling interval")
     sim.add_argument("--rescale-pause-s", type=float, default=30.0)
     sim.add_argument(
@@ -592,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="judge a new job by its own observations only, not by earlier jobs of the same kind",
     )
     sim.add_argument("--compare", help="comma-separated policies to run on the same workload, e.g. static,elastic")
+    sim.add_argument(
+        "--objectives", help="comma-separated objectives to run --policy under on the same workload, e.g. goodput,speed"
+    )
     sim.add_argument("--plot", help="write PNG plots into this directory")
     sim.add_argument("--json", help="write the results here")
     sim.add_argument("--quiet", action="store_true")

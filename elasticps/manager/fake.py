@@ -47,6 +47,9 @@ class FakeJob:
     closed: bool = False
     lost: str | None = None
     polls: int = 0
+    batch: int = 0  # the global batch (0: the program's)
+    noise_scale: float | None = None  # reported as measured
+    speed_at: Callable[[int, int, int], float] | None = None  # samples/s at (p, w, batch), if the batch matters
 
     # -- faults
     def crash(self, error: str = "RuntimeError: injected") -> None:
@@ -85,6 +88,8 @@ class FakeJob:
             remaining_samples=max(0, total - self.step * self.info.batch_size),
             samples_per_epoch=self.info.samples_per_epoch,
             error=self.error,
+            batch_size=self.batch or self.info.batch_size,
+            noise_scale=self.noise_scale,
         )
 
     def _advance(self) -> None:
@@ -98,12 +103,14 @@ class FakeJob:
         total = self.info.epochs * self.info.samples_per_epoch
         steps = min(self.steps_per_poll, -(-(total - self.step * self.info.batch_size) // self.info.batch_size))
         if steps > 0:
-            speed = self.speed(*self.shape)
-            samples = steps * self.info.batch_size
+            batch = self.batch or self.info.batch_size
+            speed = self.speed_at(*self.shape, batch) if self.speed_at else self.speed(*self.shape)
+            samples = steps * self.info.batch_size  # progress counted at the program's batch
             elapsed = samples / speed
             window = WindowReport(
-                self.step, self.step + steps - 1, steps, samples, elapsed, speed, 1.0, StepTimes(), *self.shape
-            )
+                self.step, self.step + steps - 1, steps, samples, elapsed, speed, 1.0, StepTimes(), *self.shape,
+                batch_size=self.batch or self.info.batch_size,
+            )  # fmt: skip
             self.windows.append(window)
             del self.windows[: -self.max_windows]
             self.step += steps
@@ -130,6 +137,10 @@ class FakeJob:
             raise PlacementError(why)
         self.asked = (num_ps, num_workers, dict(placement))
 
+    def set_batch_size(self, batch: int) -> None:
+        self.batch = batch
+        self.events.append(f"step {self.step}: global batch -> {batch}")
+
     def stop(self) -> None:
         self.stopping = True
 
@@ -145,6 +156,8 @@ class FakeRuntime:
         default_factory=lambda: {"elasticps.examples.digits:program": ProgramInfo("digits", 64, 3, 1437)}
     )
     speed: Callable[[int, int], float] = linear_speed
+    speed_at: Callable[[int, int, int], float] | None = None  # see FakeJob.speed_at
+    noise_scale: float | None = None  # what every job reports as measured
     fail_start: str | None = None  # the next start raises JobFailedError with this text
     jobs: dict[str, list[FakeJob]] = field(default_factory=dict)  # every start of every job, in order
 
@@ -158,7 +171,9 @@ class FakeRuntime:
         if self.fail_start:
             why, self.fail_start = self.fail_start, None
             raise JobFailedError(why)
-        job = FakeJob(launch, self.programs[launch.program], self.speed)
+        job = FakeJob(
+            launch, self.programs[launch.program], self.speed, noise_scale=self.noise_scale, speed_at=self.speed_at
+        )
         self.jobs.setdefault(launch.name, []).append(job)
         return job
 

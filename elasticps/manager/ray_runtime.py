@@ -39,7 +39,7 @@ def _describe(program: str, args: dict) -> ProgramInfo:
     from elasticps.program import load_program
 
     p = load_program(program, args)
-    return ProgramInfo(p.name, p.batch_size, p.epochs, len(p.build_dataset()))
+    return ProgramInfo(p.name, p.batch_size, p.epochs, len(p.build_dataset()), p.max_batch_size)
 
 
 @ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)
@@ -59,6 +59,7 @@ class JobDriver:
         r = c.report()
         new_events = r.events_total - after_event
         last_epoch = r.epoch_reports[-1] if r.epoch_reports else None
+        noise = [e.noise_scale for e in r.epoch_reports if e.noise_scale is not None]
         return JobStatus(
             state=r.state,
             ended=r.state in ("finished", "failed", "stopped") and not self.thread.is_alive(),
@@ -75,6 +76,8 @@ class JobDriver:
             samples_per_epoch=c.samples_per_epoch(),
             metric=c.final_metric if c.final_metric is not None else last_epoch.metric if last_epoch else None,
             error=r.error,
+            batch_size=r.batch_size,
+            noise_scale=noise[-1] if noise else None,
         )
 
     def report(self) -> JobReport:
@@ -82,6 +85,9 @@ class JobDriver:
 
     def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
         self.controller.rescale(num_ps, num_workers, placement=placement)
+
+    def set_batch_size(self, batch: int) -> None:
+        self.controller.set_batch_size(batch)
 
     def stop(self) -> None:
         self.controller.stop()
@@ -130,6 +136,9 @@ class RayJobHandle:
 
     def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
         _call(self.actor.rescale.remote(num_ps, num_workers, placement))
+
+    def set_batch_size(self, batch: int) -> None:
+        _call(self.actor.set_batch_size.remote(batch))
 
     def stop(self) -> None:
         with contextlib.suppress(ElasticPSError, ray.exceptions.GetTimeoutError):

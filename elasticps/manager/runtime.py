@@ -27,6 +27,7 @@ class ProgramInfo:
     batch_size: int
     epochs: int
     samples_per_epoch: int
+    max_batch_size: int | None = None  # an adaptive batch may grow up to this (sync mode)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class JobStatus:
     samples_per_epoch: int | None = None
     metric: float | None = None
     error: str | None = None
+    batch_size: int = 0  # the global batch now
+    noise_scale: float | None = None  # the gradient noise scale of the latest epoch that measured one
 
 
 class JobHandle(Protocol):
@@ -78,6 +81,10 @@ class JobHandle(Protocol):
     def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
         """Ask for a shape; applied at a step boundary once its tasks run.
         Raises ConfigError or PlacementError when it cannot be asked."""
+        ...
+
+    def set_batch_size(self, batch: int) -> None:
+        """Ask for a global batch; applied at the next step boundary."""
         ...
 
     def stop(self) -> None:

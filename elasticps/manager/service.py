@@ -50,6 +50,8 @@ from elasticps.placement import place
 from elasticps.runtime import JobConfig, JobReport, TaskResources
 from elasticps.sched import ClusterView, JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
 from elasticps.sched.fit import fit_problem
+from elasticps.sched.goodput import batch_candidates
+from elasticps.sched.objectives import batches_for
 from elasticps.sched.policies.base import Policy
 from elasticps.sched.types import total_of
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
@@ -97,6 +99,7 @@ class _Live:
     events_seen: int = 0  # runtime events already stored
     applied: tuple[int, int, dict] | None = None  # the allocation last recorded
     compute_share: float | None = None  # of a step, in the latest window (the speed model's prior)
+    batch: int | None = None  # the global batch last asked for (None: the program's)
 
 
 def check_allowed(program: str, allowed: tuple[str, ...] | None) -> None:
@@ -140,6 +143,7 @@ class Manager:
         self.capacity = capacity
         # e.g. {"rescale_cost_s": 1.0}: what a rescale costs the elastic policy (see docs/scheduler.md)
         self.policy = make_policy(policy, objective=objective, **(policy_options or {}))
+        self.objective = objective
         self.placement_method = placement
         self.clock = clock
         self.report_interval_s = report_interval_s
@@ -262,10 +266,13 @@ class Manager:
             current = {n: live.asked_placement for n, live in self.live.items()}
             placed = place(views, decision, cluster, current, self.placement_method)
             self.metrics.decision_seconds.observe(time.perf_counter() - started)
+            batches = batches_for(views, decision, self.objective)
             for rec in records:
                 shape, placement = decision.get(rec.name), placed.placement.get(rec.name)
                 if shape is not None and placement is not None:
                     self._apply(rec, shape, placement, now)
+                    if rec.name in batches:
+                        self._apply_batch(rec.name, batches[rec.name], now)
             if self.growth is not None:
                 self._grow(views, cluster, current, now)
             self._rounds += 1
@@ -371,6 +378,20 @@ class Manager:
         return {"nodes": nodes, "jobs": jobs}
 
     # -- helpers (called with the lock held, except _drain)
+    def _apply_batch(self, name: str, batch: int, now: float) -> None:
+        live = self.live.get(name)
+        if live is None or live.status is None or batch == (live.batch or live.status.batch_size):
+            return
+        try:
+            live.handle.set_batch_size(batch)
+        except JobEndedError:
+            return
+        except ElasticPSError as exc:
+            self.store.add_event(now, name, "error", f"could not set the global batch to {batch}: {exc}")
+            return
+        live.batch = batch
+        self.store.add_event(now, name, "batch", f"global batch {batch} (objective {self.objective})")
+
     def _apply(self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float) -> None:
         live = self.live.get(rec.name)
         try:
@@ -431,7 +452,7 @@ class Manager:
             live.status = st
             for w in st.windows:
                 if w.last_step > live.last_step:
-                    self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s)
+                    self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s, w.batch_size)
                     live.last_step = w.last_step
                     t = w.mean_step_times
                     total = t.compute_s + t.pull_s + t.push_s + t.update_s + t.wait_s
@@ -560,7 +581,7 @@ class Manager:
             if rec.info is None:
                 continue
             key = _kind_of(rec)
-            obs = [Observation(p, w, s) for p, w, s in self.store.observations(rec.name)[-PRIOR_PER_JOB:]]
+            obs = [Observation(p, w, s, batch=b) for p, w, s, b in self.store.observations(rec.name)[-PRIOR_PER_JOB:]]
             pooled.setdefault(key, []).extend(obs)
             batches[key] = (rec.info.batch_size, rec.spec.mode)
         return {key: SpeedModel(*batches[key]).fit(obs[-PRIOR_TOTAL:]) for key, obs in pooled.items() if obs}
@@ -573,7 +594,7 @@ class Manager:
         live = self.live.get(rec.name)
         share = live.compute_share if live is not None else None
         model = SpeedModel(info.batch_size, spec.mode, compute_share=share).fit(
-            [Observation(p, w, s) for p, w, s in self.store.observations(rec.name)]
+            [Observation(p, w, s, batch=b) for p, w, s, b in self.store.observations(rec.name)]
         )
         current = None
         remaining = float(info.epochs * info.samples_per_epoch)
@@ -606,6 +627,9 @@ class Manager:
             waited_s=now - rec.submitted_at if live is None else 0.0,
             explore=plan.explore,
             probes=plan.probes,
+            batch_sizes=_batch_sizes(spec, info) if plan.speed_at is not None else (),  # none while switching
+            noise_scale=live.status.noise_scale if live is not None and live.status is not None else None,
+            speed_at=plan.speed_at,
         )
 
     def _ours(self) -> dict[str, Resources]:
@@ -636,6 +660,13 @@ def _task_resources(task: TaskSpec) -> TaskResources:
     return TaskResources(
         cpu=task.cpu, gpu=task.gpu, memory_bytes=int(task.memory_gb * 1024**3), cpu_limit=task.cpu_limit
     )
+
+
+def _batch_sizes(spec: JobSpec, info: ProgramInfo) -> tuple[int, ...]:
+    """The global batches the scheduler may choose for a job (none: it is fixed)."""
+    if spec.mode != "sync" or not info.max_batch_size or info.max_batch_size <= info.batch_size:
+        return ()
+    return batch_candidates(info.batch_size, info.max_batch_size)
 
 
 def _kind_of(rec: JobRecord) -> tuple:

@@ -62,8 +62,11 @@ CREATE INDEX IF NOT EXISTS allocations_job ON allocations(job, id);
 CREATE INDEX IF NOT EXISTS observations_job ON observations(job, id);
 CREATE INDEX IF NOT EXISTS events_job ON events(job, id);
 """
-#: Columns added since the first schema (an older database gains them on open).
-ADDED_COLUMNS = {"info": "TEXT", "desired": "TEXT"}
+#: Columns added since the first schema, per table (an older database gains them on open).
+ADDED_COLUMNS = {
+    "jobs": {"info": "TEXT", "desired": "TEXT"},
+    "observations": {"batch": "INTEGER NOT NULL DEFAULT 0"},  # the global batch (0: the program's)
+}
 
 STATES = tuple(s.value for s in JobState)
 
@@ -98,10 +101,11 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
-        have = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
-        for column, kind in ADDED_COLUMNS.items():
-            if column not in have:
-                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
+        for table, columns in ADDED_COLUMNS.items():
+            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for column, kind in columns.items():
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -214,15 +218,18 @@ class Store:
         )
         return [(at, p, w, json.loads(pl)) for at, p, w, pl in rows]
 
-    def record_observation(self, name: str, now: float, num_ps: int, num_workers: int, samples_per_s: float) -> None:
+    def record_observation(
+        self, name: str, now: float, num_ps: int, num_workers: int, samples_per_s: float, batch: int = 0
+    ) -> None:
         self._write(
-            "INSERT INTO observations(job, at, num_ps, num_workers, samples_per_s) VALUES (?, ?, ?, ?, ?)",
-            (name, now, num_ps, num_workers, samples_per_s),
+            "INSERT INTO observations(job, at, num_ps, num_workers, samples_per_s, batch) VALUES (?, ?, ?, ?, ?, ?)",
+            (name, now, num_ps, num_workers, samples_per_s, batch),
         )
 
-    def observations(self, name: str) -> list[tuple[int, int, float]]:
+    def observations(self, name: str) -> list[tuple[int, int, float, int]]:
+        """``(num_ps, num_workers, samples_per_s, batch)``, oldest first (batch 0: the program's)."""
         rows = self._db.execute(
-            "SELECT num_ps, num_workers, samples_per_s FROM observations WHERE job = ? ORDER BY id", (name,)
+            "SELECT num_ps, num_workers, samples_per_s, batch FROM observations WHERE job = ? ORDER BY id", (name,)
         )
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
