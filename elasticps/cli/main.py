@@ -48,8 +48,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
         choices = ", ".join(POLICIES)
         print(f"error: --policies: unknown {unknown or 'none given'}; choose from {choices}", file=sys.stderr)
         return 2
-    results = experiment.run(setup, policies)
-    text = experiment.table(results)
+    objectives = tuple(o.strip() for o in (args.objectives or "").split(",") if o.strip())
+    if any(o not in ("goodput", "speed", "efficiency") for o in objectives):
+        print(f"error: --objectives takes goodput, speed, efficiency; got {args.objectives}", file=sys.stderr)
+        return 2
+    if objectives:
+        setup = replace(setup, max_batch_size=args.max_batch)
+    results = experiment.run(setup, policies, objectives=objectives)
+    text = experiment.table(results, setup.target_accuracy if objectives else None)
     print()
     print(text)
     html_path = report.write_html(results, Path(args.html), text, asdict(setup))
@@ -445,6 +451,12 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="the published experiment: three jobs, another tenant leaves; static vs elastic (~5 min)"
     )
     demo.add_argument("--policies", default="static,elastic", help="comma-separated policies to compare")
+    demo.add_argument(
+        "--objectives",
+        help="instead: run the elastic policy under each of these objectives (goodput,speed,efficiency), "
+        "the jobs' batch adaptive up to --max-batch",
+    )
+    demo.add_argument("--max-batch", type=int, default=1024, help="with --objectives: the jobs' largest global batch")
     demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
     demo.add_argument(
         "--tenant-s", type=float, help="the other tenant leaves this long after every job ran (default 15)"

@@ -11,6 +11,11 @@ hands the freed CPUs to the jobs; with ``static`` each job keeps the shape it
 started with. The same scenario runs under both, and the figures per job are
 compared.
 
+With ``objectives`` (``elasticps demo --objectives goodput,speed,efficiency``)
+the jobs' global batch is adaptive (up to ``max_batch_size``) and the elastic
+policy runs the scenario once under each objective; the table adds each job's
+time to ``target_accuracy`` and the batches it trained at.
+
 Every task is held to ``cores_per_cpu`` cores per CPU it asks for (see
 :mod:`elasticps.runtime.cpu_limit`): the whole modelled cluster then fits in
 the machine's physical cores, so a task's speed depends on what the manager
@@ -53,15 +58,18 @@ class Setup:
     timeout_s: float = 600.0
     sample_s: float = 1.0
     policy_options: tuple[tuple[str, float], ...] = ()  # e.g. (("rescale_cost_s", 1.0),)
+    max_batch_size: int | None = None  # the jobs' batch (128) may grow up to this
+    target_accuracy: float = 0.95
 
     def job_specs(self) -> list[JobSpec]:
         task = {"cpu": 1.0, "cpu_limit": self.cores_per_cpu}
+        extra = {"max_batch_size": self.max_batch_size} if self.max_batch_size else {}
         return [
             JobSpec.model_validate(
                 {
                     "name": f"cnn-{i + 1}",
                     "program": PROGRAM,
-                    "args": {"epochs": epochs, "seed": i},
+                    "args": {"epochs": epochs, "seed": i, **extra},
                     "ps": {"min": 1, "max": self.max_ps, **task},
                     "workers": {"min": 1, "max": self.max_workers, **task},
                     "checkpoint_every_steps": 200,
@@ -92,6 +100,7 @@ class ScenarioResult:
     makespan_s: float = 0.0
     cluster_cpus: float = 0.0
     mean_job_cpu_share: float = 0.0
+    objective: str = "goodput"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,7 +114,9 @@ class ScenarioResult:
         return cls(**{**d, "jobs": jobs, "events": events, "rounds": rounds, "timeline": timeline})
 
 
-def run_scenario(policy: str, setup: Setup, workdir: Path, say: Callable[[str], None] = print) -> ScenarioResult:
+def run_scenario(
+    policy: str, setup: Setup, workdir: Path, say: Callable[[str], None] = print, objective: str = "goodput"
+) -> ScenarioResult:
     """Start a cluster and the tenant, run the three jobs under ``policy``, tear down."""
     import ray
     from ray.cluster_utils import Cluster
@@ -128,6 +139,7 @@ def run_scenario(policy: str, setup: Setup, workdir: Path, say: Callable[[str], 
             Store(workdir / "manager.db"),
             workdir,
             policy=policy,
+            objective=objective,
             report_interval_s=2.0,
             policy_options=dict(setup.policy_options),
         )
@@ -142,7 +154,9 @@ def run_scenario(policy: str, setup: Setup, workdir: Path, say: Callable[[str], 
         finally:
             stop.set()
             loop.join(timeout=60)
-        return _result(policy, manager, t0, timeline, setup)
+        result = _result(policy, manager, t0, timeline, setup)
+        result.objective = objective
+        return result
     finally:
         if manager is not None:
             manager.shutdown()
@@ -233,7 +247,10 @@ def _result(policy: str, manager: Manager, t0: float, timeline: list[Sample], se
         allocations = manager.store.allocations(rec.name)
         cpu_s = _cpu_seconds(allocations, rec.updated_at)
         end = max(end, rec.updated_at)
+        started = rec.updated_at - rec.submitted_at - sum(e.elapsed_s for e in epochs)  # waiting and start-up
         jobs[rec.name] = {
+            "time_to_target_s": time_to_target(epochs, setup.target_accuracy, started),
+            "batches": sorted({w.batch_size for w in report.windows if w.batch_size}),
             "epochs": len(epochs),
             "mean_epoch_s": round(sum(e.elapsed_s for e in epochs) / len(epochs), 3),
             "total_s": round(rec.updated_at - rec.submitted_at, 2),
@@ -259,6 +276,17 @@ def _result(policy: str, manager: Manager, t0: float, timeline: list[Sample], se
     )
 
 
+def time_to_target(epochs: list, target: float, started_s: float) -> float | None:
+    """Seconds from submission until the end of the first epoch whose metric
+    reached ``target`` (None if none did): start-up, then epoch times."""
+    t = started_s
+    for e in epochs:
+        t += e.elapsed_s
+        if e.metric is not None and e.metric >= target:
+            return round(t, 2)
+    return None
+
+
 def _cpu_seconds(allocations: list[tuple[float, int, int, dict]], end: float) -> float:
     """CPU-seconds a job held (1 CPU per task) from its allocation history."""
     total = 0.0
@@ -272,19 +300,29 @@ def run(
     policies: tuple[str, ...] = ("static", "elastic"),
     workdir: Path | None = None,
     say: Callable[[str], None] = print,
+    objectives: tuple[str, ...] = (),
 ) -> dict[str, ScenarioResult]:
+    """The scenario under each policy; or, with ``objectives``, under the elastic
+    policy once per objective (results keyed by objective)."""
     setup = setup or Setup()
     results: dict[str, ScenarioResult] = {}
+    runs = [("elastic", o, o) for o in objectives] or [(p, "goodput", p) for p in policies]
     with tempfile.TemporaryDirectory(prefix="elasticps-demo-") as tmp:
         base = workdir or Path(tmp)
-        for policy in policies:
-            results[policy] = run_scenario(policy, setup, base / policy, say)
+        for policy, objective, key in runs:
+            results[key] = run_scenario(policy, setup, base / key, say, objective=objective)
     return results
 
 
-def table(results: dict[str, ScenarioResult]) -> str:
-    """Per job and policy: epoch time, total time, final accuracy, mean utilization."""
+def table(results: dict[str, ScenarioResult], target: float | None = None) -> str:
+    """Per job and policy: epoch time, total time, final accuracy, mean utilization;
+    with ``target``, also the batches trained at and the time to that accuracy."""
     header = ["job", "policy", "shapes (PSxW)", "epoch s", "total s", "accuracy", "mean CPUs", "utilization"]
+    adaptive = any(
+        j.get("batches", [0])[1:] or j.get("time_to_target_s") for r in results.values() for j in r.jobs.values()
+    )
+    if adaptive:
+        header += ["batches", "to target s"]
     rows = []
     names = sorted({n for r in results.values() for n in r.jobs})
     for name in names:
@@ -301,11 +339,18 @@ def table(results: dict[str, ScenarioResult]) -> str:
                     f"{j['mean_cpus']:.2f}",
                     f"{j['mean_utilization']:.0%}",
                 ]
+                + ([",".join(map(str, j.get("batches", []))), _secs(j.get("time_to_target_s"))] if adaptive else [])
             )
     lines = [format_table(rows, header), ""]
+    if adaptive:
+        lines.append(f"to target s: from submission to the end of the first epoch at accuracy >= {target:g}")
     for policy, r in results.items():
         lines.append(
             f"{policy}: makespan {r.makespan_s:.1f} s, jobs held {r.mean_job_cpu_share:.0%} of the cluster's "
             f"{r.cluster_cpus:g} CPUs on average"
         )
     return "\n".join(lines)
+
+
+def _secs(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f}"
