@@ -180,6 +180,14 @@ def test_the_three_objectives_choose_different_batches_and_shapes():
     assert batches_for([make_job("f")], {"f": (1, 1)}, "goodput") == {}
 
 
+def test_a_job_keeps_its_batch_unless_another_is_clearly_better():
+    # goodput at (2, 4), noise scale 64: 582 at M=64, 601 at 128 (best), 341 at 512
+    decision = {"a": (2, 4)}
+    assert batches_for([adaptive_job(batch=64)], decision, "goodput") == {"a": 64}  # 3% better: not worth a flip
+    assert batches_for([adaptive_job(batch=512)], decision, "goodput") == {"a": 128}
+    assert batches_for([adaptive_job()], decision, "goodput") == {"a": 128}  # no batch yet: the best
+
+
 # ---------------------------------------------------------------- policies, tables
 
 

@@ -59,7 +59,7 @@ class Setup:
     sample_s: float = 1.0
     policy_options: tuple[tuple[str, float], ...] = ()  # e.g. (("rescale_cost_s", 1.0),)
     max_batch_size: int | None = None  # the jobs' batch (128) may grow up to this
-    target_accuracy: float = 0.95
+    target_accuracy: float = 0.98
 
     def job_specs(self) -> list[JobSpec]:
         task = {"cpu": 1.0, "cpu_limit": self.cores_per_cpu}

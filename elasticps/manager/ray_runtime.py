@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 from typing import Any
 
 import ray
@@ -77,7 +78,7 @@ class JobDriver:
             metric=c.final_metric if c.final_metric is not None else last_epoch.metric if last_epoch else None,
             error=r.error,
             batch_size=r.batch_size,
-            noise_scale=noise[-1] if noise else None,
+            noise_scale=statistics.median(noise[-3:]) if noise else None,  # one epoch's estimate is noisy
         )
 
     def report(self) -> JobReport:

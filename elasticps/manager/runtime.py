@@ -67,7 +67,7 @@ class JobStatus:
     metric: float | None = None
     error: str | None = None
     batch_size: int = 0  # the global batch now
-    noise_scale: float | None = None  # the gradient noise scale of the latest epoch that measured one
+    noise_scale: float | None = None  # the gradient noise scale: the median of the latest 3 epochs' estimates
 
 
 class JobHandle(Protocol):

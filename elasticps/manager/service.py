@@ -628,6 +628,7 @@ class Manager:
             explore=plan.explore,
             probes=plan.probes,
             batch_sizes=_batch_sizes(spec, info) if plan.speed_at is not None else (),  # none while switching
+            batch=(live.batch or live.status.batch_size or None) if live is not None and live.status else None,
             noise_scale=live.status.noise_scale if live is not None and live.status is not None else None,
             speed_at=plan.speed_at,
         )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from elasticps.errors import ConfigError
-from elasticps.sched.goodput import best_batch
+from elasticps.sched.goodput import statistical_efficiency
 from elasticps.sched.types import Decision, JobView
 
 DEFAULT_EFFICIENCY_THRESHOLD = 0.5
@@ -49,12 +49,21 @@ def best_batch_of(job: JobView, p: int, w: int, objective: Objective) -> tuple[i
     if not job.batch_sizes or job.speed_at is None:
         speed = max(0.0, float(job.speed(p, w)))
         return None, speed if objective is Objective.SPEED else speed * job.efficiency
-    speed_at = job.speed_at
-    noise = None if objective is Objective.SPEED else job.noise_scale  # speed: every batch counts as efficient
-    batch, value = best_batch(
-        lambda m: max(0.0, float(speed_at(p, w, int(m)))), noise, job.batch_sizes[0], list(job.batch_sizes)
-    )
-    return int(batch), value
+    best: tuple[int | None, float] = (None, -1.0)
+    for m in job.batch_sizes:
+        u = utility_at_batch(job, p, w, m, objective)
+        if u > best[1]:
+            best = (m, u)
+    return best
+
+
+def utility_at_batch(job: JobView, p: int, w: int, batch: int, objective: Objective) -> float:
+    """An adaptive job's utility at (p, w) and global batch ``batch``."""
+    assert job.speed_at is not None and job.batch_sizes
+    speed = max(0.0, float(job.speed_at(p, w, batch)))
+    if objective is Objective.SPEED:
+        return speed
+    return speed * statistical_efficiency(batch, job.noise_scale, job.batch_sizes[0])
 
 
 def marginal_efficiency(u_old: float, u_new: float, tasks_old: int, tasks_new: int) -> float:
@@ -69,14 +78,27 @@ def objective_of(job: JobView, default: Objective) -> Objective:
     return Objective.parse(job.objective) if job.objective else default
 
 
+#: A job keeps its batch unless another is this much better (the noise scale
+#: is measured with noise: without it, a job's batch flips from round to round).
+BATCH_MIN_GAIN = 0.05
+
+
 def batches_for(jobs: list[JobView], decision: Decision, default: Objective | str) -> dict[str, int]:
     """The global batch of each adaptive job the ``decision`` runs: the best for
-    its shape under its objective (what a driver applies with the shape)."""
+    its shape under its objective, unless its current batch is within
+    :data:`BATCH_MIN_GAIN` of it (what a driver applies with the shape)."""
     default = Objective.parse(default)
     out: dict[str, int] = {}
     for job in jobs:
-        if job.id in decision and job.batch_sizes:
-            batch, _ = best_batch_of(job, *decision[job.id], objective_of(job, default))
-            if batch is not None:
-                out[job.id] = batch
+        if job.id not in decision or not job.batch_sizes:
+            continue
+        objective = objective_of(job, default)
+        batch, value = best_batch_of(job, *decision[job.id], objective)
+        if batch is None:
+            continue
+        if job.batch in job.batch_sizes and job.batch != batch:
+            here = utility_at_batch(job, *decision[job.id], job.batch, objective)
+            if value <= here * (1.0 + BATCH_MIN_GAIN):
+                batch = job.batch
+        out[job.id] = batch
     return out

@@ -111,6 +111,7 @@ class JobView:
     explore: tuple[int, int] | None = field(default=None, compare=False)
     probes: tuple[tuple[int, int], ...] = field(default=(), compare=False)
     batch_sizes: tuple[int, ...] = ()
+    batch: int | None = None  # the global batch it trains at now (adaptive jobs)
     noise_scale: float | None = None
     speed_at: BatchSpeedFn | None = field(default=None, compare=False)
 

@@ -270,6 +270,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             explore=plan.explore,
             probes=plan.probes,
             batch_sizes=batch_candidates(job.kind.batch, s.max_batch) if s.max_batch > job.kind.batch else (),
+            batch=job.batch,
             noise_scale=noise_scale_at(s, job.done_share) if s.noise_scale > 0 else None,
             speed_at=plan.speed_at,
         )
