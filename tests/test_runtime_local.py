@@ -256,3 +256,29 @@ def test_the_demo_rescales_live_and_reaches_the_accuracy(ray_local, capsys):
     assert max(e["metric"] for e in report["epoch_reports"]) >= 0.95
     out = capsys.readouterr().out
     assert ">> now 2 PS x 3 workers" in out and ">> now 1 PS x 2 workers" in out
+
+
+def test_the_trained_model_comes_back_as_a_state_dict_and_an_exported_file(ray_local, tmp_path):
+    from elasticps.cli.main import main
+    from elasticps.runtime.evaluate import evaluate
+    from elasticps.runtime.flat import flat_params
+
+    program = digits.program(epochs=2)
+    job = make_job(1, 2, program, checkpoint_dir=str(tmp_path / "ckpt"))
+    report = job.run()
+    state = job.state_dict()
+    model = program.build_model()
+    assert set(state) == set(model.state_dict())
+    model.load_state_dict(state)
+    assert np.array_equal(flat_params(model), job.parameters())
+    assert evaluate(program, flat_params(model)) == pytest.approx(report.epoch_reports[-1].metric)
+    job.shutdown()
+    # the same from the checkpoints, through the CLI (a job trained with `elasticps train`)
+    out = tmp_path / "model.pt"
+    args = ["export", "--program", "elasticps.examples.digits:program", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    assert main([*args, "--out", str(out)]) == 0
+    exported = torch.load(out)
+    assert all(torch.equal(exported[k], state[k]) for k in state)
+    with pytest.raises(ConfigError, match="not of digits-cnn's model"):
+        main(["export", "--program", "elasticps.examples.digits:cnn_program", "--checkpoint-dir",
+              str(tmp_path / "ckpt"), "--out", str(out)])  # fmt: skip

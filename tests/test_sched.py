@@ -186,6 +186,9 @@ def test_a_job_keeps_its_batch_unless_another_is_clearly_better():
     assert batches_for([adaptive_job(batch=64)], decision, "goodput") == {"a": 64}  # 3% better: not worth a flip
     assert batches_for([adaptive_job(batch=512)], decision, "goodput") == {"a": 128}
     assert batches_for([adaptive_job()], decision, "goodput") == {"a": 128}  # no batch yet: the best
+    # a batch at most doubles per decision, however much bigger the best is
+    assert batches_for([adaptive_job(batch=64)], decision, "speed") == {"a": 128}
+    assert batches_for([adaptive_job(batch=256)], decision, "speed") == {"a": 512}
 
 
 # ---------------------------------------------------------------- policies, tables

@@ -116,6 +116,39 @@ def _int_list(text: str) -> list[int]:
         raise SystemExit(f"expected comma-separated integers, got {text!r}") from None
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from elasticps import load_program
+    from elasticps.runtime.export import export_checkpoint
+
+    if args.program:  # a job trained with `elasticps train`
+        if not args.checkpoint_dir or args.name:
+            raise SystemExit("error: export --program needs --checkpoint-dir and no job name")
+        program, directory = load_program(args.program), Path(args.checkpoint_dir)
+    else:  # a job of the manager whose workdir this is
+        from elasticps.manager.store import Store
+
+        if not args.name:
+            raise SystemExit("error: export: give a job name (or --program and --checkpoint-dir)")
+        workdir = Path(args.workdir)
+        if not (workdir / "manager.db").exists():
+            raise SystemExit(f"error: no manager database in {workdir} (--workdir)")
+        store = Store(workdir / "manager.db")
+        try:
+            spec = store.get_job(args.name).spec
+        except KeyError:
+            raise SystemExit(f"error: no job {args.name!r} in {workdir}") from None
+        finally:
+            store.close()
+        if spec.runtime_env and spec.runtime_env.working_dir and Path(spec.runtime_env.working_dir).is_dir():
+            sys.path.insert(0, spec.runtime_env.working_dir)  # shipped code: import it from where it was shipped
+        program, directory = load_program(spec.program, spec.args), workdir / args.name / "checkpoints"
+    info = export_checkpoint(program, directory, args.out)
+    print(
+        f"wrote {args.out}: {program.name}, step {info['step']}, epoch {info['epoch']}, {info['parameters']} parameters"
+    )
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from elasticps import JobConfig, JobController, load_program
     from elasticps.raycluster import ensure_ray
@@ -369,7 +402,10 @@ def cmd_client(args: argparse.Namespace) -> int:
                 text = Path(args.spec).read_text()
             except OSError as exc:
                 raise SystemExit(f"error: cannot read the job spec {args.spec}: {exc.strerror}") from None
-            job = client.submit(text, json_body=args.spec.endswith(".json"))
+            json_body = args.spec.endswith(".json")
+            if args.working_dir:
+                text, json_body = _with_working_dir(text, args.working_dir), True
+            job = client.submit(text, json_body=json_body)
             print(f"submitted {job['name']} ({job['state']})", flush=True)
             if args.wait:
                 return _wait(client, job["name"])
@@ -410,6 +446,27 @@ def cmd_client(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _with_working_dir(text: str, directory: str) -> str:
+    """The spec (YAML or JSON) with ``runtime_env.working_dir`` set to ``directory``
+    (made absolute: the manager, on this machine, uploads it to the Ray cluster)."""
+    import yaml
+
+    path = Path(directory).resolve()
+    if not path.is_dir():
+        raise SystemExit(f"error: --working-dir {directory}: not a directory")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SystemExit(f"error: the job spec is not valid YAML or JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise SystemExit("error: the job spec must be a mapping")
+    env = data.get("runtime_env") or {}
+    if not isinstance(env, dict):
+        raise SystemExit("error: the job spec's runtime_env must be a mapping")
+    data["runtime_env"] = {**env, "working_dir": str(path)}
+    return json.dumps(data)
 
 
 def _dump(data: Any, fmt: str) -> str:
@@ -456,7 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead: run the elastic policy under each of these objectives (goodput,speed,efficiency), "
         "the jobs' batch adaptive up to --max-batch",
     )
-    demo.add_argument("--max-batch", type=int, default=1024, help="with --objectives: the jobs' largest global batch")
+    demo.add_argument("--max-batch", type=int, default=512, help="with --objectives: the jobs' largest global batch")
     demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
     demo.add_argument(
         "--tenant-s", type=float, help="the other tenant leaves this long after every job ran (default 15)"
@@ -491,6 +548,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", nargs="?", const="", default="", help="also write the JSON to this path (it is always printed)"
     )
     bench.set_defaults(func=cmd_bench)
+
+    export = sub.add_parser("export", help="write a job's trained model (state_dict) from its latest checkpoint")
+    export.add_argument("name", nargs="?", help="a job of the manager in --workdir")
+    export.add_argument("--out", required=True, help="where to torch.save the state_dict (e.g. model.pt)")
+    export.add_argument(
+        "--workdir",
+        default=os.environ.get("ELASTICPS_WORKDIR", DEFAULT_WORKDIR),
+        help="the manager's workdir (default $ELASTICPS_WORKDIR or elasticps-state)",
+    )
+    export.add_argument("--program", help="instead of a job name: the program of an `elasticps train` run ...")
+    export.add_argument("--checkpoint-dir", help="... and its --checkpoint-dir")
+    export.set_defaults(func=cmd_export)
 
     train = sub.add_parser("train", help="train one program at a fixed shape (resumes from --checkpoint-dir)")
     train.add_argument("program", help="package.module:attr naming a TrainingProgram (or a factory of one)")
@@ -568,6 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("spec", help="a job spec file (.yaml, .yml or .json)")
             c.add_argument(
                 "--wait", action="store_true", help="stream the job's log until it ends; exit 0 if it finished, else 1"
+            )
+            c.add_argument(
+                "--working-dir",
+                help="ship this directory's code with the job (sets runtime_env.working_dir; read by the manager, "
+                "so a path on the manager's machine)",
             )
         elif name in ("describe", "cancel", "retry", "logs", "scale", "delete"):
             c.add_argument("name")

@@ -160,7 +160,8 @@ class RayJobRuntime:
     """Jobs as Ray actors on the manager's node; programs resolved in Ray processes."""
 
     def describe(self, spec: JobSpec) -> ProgramInfo:
-        ref = _describe.options(scheduling_strategy=_here()).remote(spec.program, dict(spec.args))
+        env = {"runtime_env": spec.runtime_env.to_ray()} if spec.runtime_env else {}
+        ref = _describe.options(scheduling_strategy=_here(), **env).remote(spec.program, dict(spec.args))
         try:
             return _call(ref, timeout_s=DESCRIBE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
@@ -170,7 +171,9 @@ class RayJobRuntime:
             raise ProgramError(str(exc)) from exc
 
     def start(self, launch: Launch) -> RayJobHandle:
-        actor = JobDriver.options(name=None, scheduling_strategy=_here()).remote(launch)
+        # the job's PS and workers, started by the driver, inherit its runtime_env
+        env = {"runtime_env": launch.runtime_env} if launch.runtime_env else {}
+        actor = JobDriver.options(name=None, scheduling_strategy=_here(), **env).remote(launch)
         return RayJobHandle(actor)
 
 

@@ -40,6 +40,7 @@ class Launch:
     config: JobConfig
     shape: tuple[int, int]
     placement: dict[str, str]
+    runtime_env: dict | None = None  # Ray's runtime_env for the job's processes (see JobSpec.runtime_env)
 
 
 @dataclass(frozen=True)

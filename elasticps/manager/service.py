@@ -169,6 +169,11 @@ class Manager:
     def submit(self, spec: JobSpec) -> JobRecord:
         """Store a new job; its program is resolved first, outside this process."""
         check_allowed(spec.program, self.allow_programs)
+        if spec.runtime_env is not None and self.allow_programs is not None:
+            raise ProgramError(
+                "runtime_env is refused: this manager runs installed programs only (--allow-programs), "
+                "and shipped code could replace them"
+            )
         info = self.runtime.describe(spec)
         with self._lock:
             rec = self.store.add_job(spec, self.clock(), info)
@@ -423,7 +428,8 @@ class Manager:
             ps_resources=_task_resources(spec.ps),
             worker_resources=_task_resources(spec.workers),
         )
-        launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement))
+        env = spec.runtime_env.to_ray() if spec.runtime_env else None
+        launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement), env)
         handle = self.runtime.start(launch)
         self.live[rec.name] = _Live(handle, shape, dict(placement))
         self.store.set_desired(rec.name, shape)

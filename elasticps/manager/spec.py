@@ -9,6 +9,11 @@ ps:      {min: 1, max: 4, cpu: 0.5, memory_gb: 1}
 workers: {min: 1, max: 8, cpu: 1, memory_gb: 2}
 objective: goodput                           # optional: goodput | speed | efficiency
 checkpoint_every_steps: 100
+runtime_env:                                 # optional: Ray's runtime_env for the job's processes
+  working_dir: /path/to/code                 # a directory on the server's machine, or a URI (s3://, https://...zip)
+  py_modules: []                             # more directories or URIs put on sys.path
+  pip: []                                    # requirements installed in a virtualenv for the job
+  env_vars: {KEY: value}
 ```
 
 Validation is strict: integers must be integers (``true`` is not 1, ``"3"`` is
@@ -60,6 +65,30 @@ class TaskSpec(BaseModel):
         return self
 
 
+class RuntimeEnvSpec(BaseModel):
+    """The code and environment a job's processes run in: Ray's own ``runtime_env``
+    (working_dir and py_modules are uploaded to the Ray cluster by the manager;
+    pip packages are installed per job). The manager's ``--allow-programs``
+    refuses it: shipped code could shadow an allowed module."""
+
+    model_config = _STRICT
+
+    working_dir: str | None = Field(None, max_length=1024, description="a directory or a URI")
+    py_modules: list[Annotated[str, Field(max_length=1024)]] = Field(default_factory=list, max_length=16)
+    pip: list[Annotated[str, Field(max_length=256)]] = Field(default_factory=list, max_length=64)
+    env_vars: dict[str, Annotated[str, Field(max_length=MAX_ARG_CHARS)]] = Field(default_factory=dict, max_length=64)
+
+    def to_ray(self) -> dict[str, Any]:
+        """The dict Ray takes (``.options(runtime_env=...)``); empty parts left out."""
+        out: dict[str, Any] = {}
+        if self.working_dir:
+            out["working_dir"] = self.working_dir
+        for key in ("py_modules", "pip", "env_vars"):
+            if getattr(self, key):
+                out[key] = getattr(self, key)
+        return out
+
+
 class JobSpec(BaseModel):
     model_config = _STRICT
 
@@ -71,6 +100,7 @@ class JobSpec(BaseModel):
     workers: TaskSpec = Field(default_factory=lambda: TaskSpec(min=1, max=8, cpu=1.0))
     objective: Literal["goodput", "speed", "efficiency"] | None = None
     checkpoint_every_steps: int = Field(100, ge=0, le=10**9)
+    runtime_env: RuntimeEnvSpec | None = None
 
     @field_validator("name")
     @classmethod

@@ -37,7 +37,7 @@ from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition, GlobalBatches, split_evenly
 from elasticps.runtime.evaluate import evaluate
-from elasticps.runtime.flat import flat_params, shard_bounds
+from elasticps.runtime.flat import flat_params, load_flat, shard_bounds
 from elasticps.runtime.reports import (
     EpochReport,
     GradientSample,
@@ -265,6 +265,11 @@ class JobController:
     def parameters(self) -> np.ndarray:
         """A copy of the current flat parameters, gathered from the PS shards."""
         return np.concatenate(ray.get([t.handle.params.remote() for t in self.ps]))
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained model's ``state_dict()`` (the program's model with the
+        current parameters; buffers as the model builds them)."""
+        return load_flat(self.program.build_model(), self.parameters()).state_dict()
 
     # ------------------------------------------------------------- lifecycle
     def start(self) -> None:

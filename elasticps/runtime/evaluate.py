@@ -10,6 +10,7 @@ from torch import nn
 
 from elasticps.program import TrainingProgram
 from elasticps.runtime.data import fetch_batch
+from elasticps.runtime.flat import load_flat
 
 EVAL_BATCH = 1024
 
@@ -23,12 +24,8 @@ def evaluate(
         return None
     model = model if model is not None else program.build_model()
     data = data if data is not None else program.build_eval_dataset()
-    offset = 0
+    load_flat(model, params)
     with torch.no_grad():
-        for p in (p for p in model.parameters() if p.requires_grad):
-            n = p.numel()
-            p.copy_(torch.from_numpy(params[offset : offset + n]).view_as(p))
-            offset += n
         model.eval()
         total, weighted = 0, 0.0
         for lo in range(0, len(data), EVAL_BATCH):

@@ -90,3 +90,19 @@ def shard_bounds(numel: int, num_shards: int) -> list[tuple[int, int]]:
 def flat_params(model: torch.nn.Module) -> np.ndarray:
     """A copy of a model's trainable parameters as one float32 vector."""
     return torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).numpy().copy()
+
+
+def load_flat(model: torch.nn.Module, params: np.ndarray) -> torch.nn.Module:
+    """Copy the flat vector ``params`` into ``model``'s trainable parameters, in
+    order (the layout :class:`FlatModel` and the PS shards use); returns ``model``."""
+    plist = [p for p in model.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in plist)
+    if params.shape != (numel,):
+        raise ValueError(f"{params.shape[0]} parameters given, the model has {numel}")
+    offset = 0
+    with torch.no_grad():
+        for p in plist:
+            n = p.numel()
+            p.copy_(torch.from_numpy(np.asarray(params[offset : offset + n])).view_as(p))
+            offset += n
+    return model

@@ -13,6 +13,7 @@ decide alike; they differ for jobs whose batch adapts.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import StrEnum
 
 from elasticps.errors import ConfigError
@@ -81,11 +82,16 @@ def objective_of(job: JobView, default: Objective) -> Objective:
 #: A job keeps its batch unless another is this much better (the noise scale
 #: is measured with noise: without it, a job's batch flips from round to round).
 BATCH_MIN_GAIN = 0.05
+#: A batch grows at most this many times per decision: the noise scale is
+#: re-measured at each size before the next step up (a live CNN on digits went
+#: 128 -> 1024 in one step, with sqrt-scaled lr, and diverged).
+BATCH_MAX_GROWTH = 2
 
 
 def batches_for(jobs: list[JobView], decision: Decision, default: Objective | str) -> dict[str, int]:
     """The global batch of each adaptive job the ``decision`` runs: the best for
-    its shape under its objective, unless its current batch is within
+    its shape under its objective among those at most :data:`BATCH_MAX_GROWTH`
+    times its current one, unless its current batch is within
     :data:`BATCH_MIN_GAIN` of it (what a driver applies with the shape)."""
     default = Objective.parse(default)
     out: dict[str, int] = {}
@@ -93,7 +99,10 @@ def batches_for(jobs: list[JobView], decision: Decision, default: Objective | st
         if job.id not in decision or not job.batch_sizes:
             continue
         objective = objective_of(job, default)
-        batch, value = best_batch_of(job, *decision[job.id], objective)
+        reachable = job
+        if job.batch is not None:
+            reachable = replace(job, batch_sizes=tuple(m for m in job.batch_sizes if m <= BATCH_MAX_GROWTH * job.batch))
+        batch, value = best_batch_of(reachable, *decision[job.id], objective)
         if batch is None:
             continue
         if job.batch in job.batch_sizes and job.batch != batch:

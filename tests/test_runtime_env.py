@@ -1,0 +1,93 @@
+"""Shipping code with a job: a program that exists only in a temporary directory
+runs on a real multi-node Ray cluster through the spec's runtime_env."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import textwrap
+import time
+
+import pytest
+
+from elasticps import ProgramError
+from elasticps.cli.main import _with_working_dir
+from elasticps.manager import Store, parse_spec
+from elasticps.manager.service import Manager
+
+pytestmark = pytest.mark.slow
+
+PROGRAM = textwrap.dedent(
+    """
+    import os
+
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from elasticps import TrainingProgram
+
+
+    def data(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, 16, generator=g)
+        return TensorDataset(x, (x[:, :4] * 2).argmax(1))
+
+
+    def program(epochs=2):
+        assert os.environ["SHIPPED_FLAG"] == "on"  # env_vars reach the job's processes too
+        return TrainingProgram(
+            name="shipped",
+            model=lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)),
+            dataset=lambda: data(512, 0),
+            eval_dataset=lambda: data(256, 1),
+            loss=nn.functional.cross_entropy,
+            metric=lambda out, y: float((out.argmax(1) == y).float().mean()),
+            lr=0.05,
+            batch_size=64,
+            epochs=epochs,
+        )
+    """
+)
+
+SPEC = """
+name: {name}
+program: shipped_job_{tag}:program
+ps: {{min: 1, max: 1, cpu: 0.5}}
+workers: {{min: 2, max: 2, cpu: 1}}
+"""
+
+
+def test_a_program_shipped_in_a_working_dir_runs_on_a_multi_node_cluster(ray_cluster, tmp_path):
+    tag = f"{time.time_ns()}"  # a module name nothing on this machine has
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / f"shipped_job_{tag}.py").write_text(PROGRAM)
+    assert importlib.util.find_spec(f"shipped_job_{tag}") is None
+    manager = Manager(Store(tmp_path / "m.db"), tmp_path / "work", report_interval_s=0.5)
+    try:
+        with pytest.raises(ProgramError, match="cannot import module"):  # without the code: refused at submit
+            manager.submit(parse_spec(SPEC.format(name="plain", tag=tag)))
+        text = _with_working_dir(SPEC.format(name="shipped", tag=tag), str(code))  # what `submit --working-dir` sends
+        spec = json.loads(text)
+        spec["runtime_env"]["env_vars"] = {"SHIPPED_FLAG": "on"}
+        manager.submit(parse_spec(json.dumps(spec), "json"))
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and manager.store.get_job("shipped").state in ("pending", "running"):
+            manager.step()
+            time.sleep(0.5)
+        rec = manager.store.get_job("shipped")
+        assert rec.state == "finished", manager.store.events("shipped")
+        report = manager.ended["shipped"]
+        assert report.epoch == 2 and report.epoch_reports[-1].metric > 0.3
+        nodes = {node for _, _, _, placement in manager.store.allocations("shipped") for node in placement.values()}
+        assert len(nodes) >= 1 and set(report.placement.values()) <= {n.node_id for n in ray_cluster[1]}
+    finally:
+        manager.shutdown()
+
+    guarded = Manager(Store(tmp_path / "g.db"), tmp_path / "g", allow_programs=("elasticps.examples",))
+    try:
+        with pytest.raises(ProgramError, match="runtime_env is refused"):
+            guarded.submit(parse_spec(json.dumps(spec), "json"))
+    finally:
+        guarded.shutdown()
