@@ -34,7 +34,7 @@ PROGRAM = textwrap.dedent(
         return TensorDataset(x, (x[:, :4] * 2).argmax(1))
 
 
-    def program(epochs=2):
+    def program(epochs=4):
         assert os.environ["SHIPPED_FLAG"] == "on"  # env_vars reach the job's processes too
         return TrainingProgram(
             name="shipped",
@@ -43,7 +43,8 @@ PROGRAM = textwrap.dedent(
             eval_dataset=lambda: data(256, 1),
             loss=nn.functional.cross_entropy,
             metric=lambda out, y: float((out.argmax(1) == y).float().mean()),
-            lr=0.05,
+            optimizer="adam",
+            lr=0.01,
             batch_size=64,
             epochs=epochs,
         )
@@ -79,15 +80,15 @@ def test_a_program_shipped_in_a_working_dir_runs_on_a_multi_node_cluster(ray_clu
         rec = manager.store.get_job("shipped")
         assert rec.state == "finished", manager.store.events("shipped")
         report = manager.ended["shipped"]
-        assert report.epoch == 2 and report.epoch_reports[-1].metric > 0.3
-        nodes = {node for _, _, _, placement in manager.store.allocations("shipped") for node in placement.values()}
-        assert len(nodes) >= 1 and set(report.placement.values()) <= {n.node_id for n in ray_cluster[1]}
+        assert report.epoch == 4 and report.epoch_reports[-1].metric > 0.5  # it learned (chance: 0.25)
+        assert set(report.placement.values()) <= {n.node_id for n in ray_cluster[1]}  # on the cluster's nodes
     finally:
         manager.shutdown()
 
     guarded = Manager(Store(tmp_path / "g.db"), tmp_path / "g", allow_programs=("elasticps.examples",))
     try:
+        allowed = {**spec, "program": "elasticps.examples.digits:program"}  # an allowed program, with code shipped
         with pytest.raises(ProgramError, match="runtime_env is refused"):
-            guarded.submit(parse_spec(json.dumps(spec), "json"))
+            guarded.submit(parse_spec(json.dumps(allowed), "json"))
     finally:
         guarded.shutdown()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import statistics
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -29,6 +30,27 @@ log = logging.getLogger("elasticps.manager")
 
 DESCRIBE_TIMEOUT_S = 180.0
 CALL_TIMEOUT_S = 60.0
+
+
+def shipped(runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """``runtime_env`` with local ``working_dir`` and ``py_modules`` directories
+    uploaded to the Ray cluster and replaced by their package URIs.
+
+    Ray uploads local directories only for a whole Ray job (``ray.init``); an
+    actor's ``runtime_env`` must name URIs. This does the upload ``ray.init``
+    and Ray Jobs do, with the same (internal, Ray 2.x) functions; a package is
+    stored once per content hash, so starting a job again uploads nothing new.
+    """
+    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+    from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
+
+    for key in ("working_dir", "py_modules"):
+        for path in [runtime_env.get(key)] if key == "working_dir" else runtime_env.get(key, []):
+            if path and "://" not in path and not Path(path).exists():
+                raise ProgramError(f"runtime_env {key} {path!r} does not exist on the manager's machine")
+    scratch = ray._private.worker.global_worker.node.get_runtime_env_dir_path()
+    env = upload_py_modules_if_needed(dict(runtime_env), include_gitignore=True, scratch_dir=scratch, logger=log)
+    return upload_working_dir_if_needed(env, include_gitignore=True, scratch_dir=scratch, logger=log)
 
 
 def _here() -> NodeAffinitySchedulingStrategy:
@@ -160,7 +182,7 @@ class RayJobRuntime:
     """Jobs as Ray actors on the manager's node; programs resolved in Ray processes."""
 
     def describe(self, spec: JobSpec) -> ProgramInfo:
-        env = {"runtime_env": spec.runtime_env.to_ray()} if spec.runtime_env else {}
+        env = {"runtime_env": shipped(spec.runtime_env.to_ray())} if spec.runtime_env else {}
         ref = _describe.options(scheduling_strategy=_here(), **env).remote(spec.program, dict(spec.args))
         try:
             return _call(ref, timeout_s=DESCRIBE_TIMEOUT_S)
@@ -172,7 +194,7 @@ class RayJobRuntime:
 
     def start(self, launch: Launch) -> RayJobHandle:
         # the job's PS and workers, started by the driver, inherit its runtime_env
-        env = {"runtime_env": launch.runtime_env} if launch.runtime_env else {}
+        env = {"runtime_env": shipped(launch.runtime_env)} if launch.runtime_env else {}
         actor = JobDriver.options(name=None, scheduling_strategy=_here(), **env).remote(launch)
         return RayJobHandle(actor)
 
