@@ -56,7 +56,10 @@ class TrainingProgram:
             are reproducible.
         dataset: an indexable dataset (``len`` and ``__getitem__`` returning
             ``(input, target)``), or a zero-argument factory returning one.
-            ``torch.utils.data.TensorDataset`` is indexed in one vectorised call.
+            ``torch.utils.data.TensorDataset`` is indexed in one vectorised call;
+            other samples are batched by ``default_collate``, so ``input`` may be
+            a tuple (passed to the model as positional arguments) or a dict
+            (keyword arguments) of tensors.
         loss: ``loss(output, target)`` returning the mean loss of the samples.
         eval_dataset: optional held-out dataset (or factory) for ``metric``.
         metric: optional ``metric(output, target) -> float`` (e.g. accuracy),

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import default_collate
+
+from elasticps.errors import ProgramError
 
 
 def epoch_order(seed: int, epoch: int, num_samples: int) -> np.ndarray:
@@ -58,13 +61,38 @@ class GlobalBatches:
         return -(-self.num_samples // self.batch_size)
 
 
-def fetch_batch(dataset: Any, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets of ``indices``, stacked; vectorised for TensorDataset."""
+def fetch_batch(dataset: Any, indices: np.ndarray) -> tuple[Any, Any]:
+    """Inputs and targets of ``indices``, batched; vectorised for TensorDataset.
+
+    A sample is ``(input, target)``; either may be a tensor (or number), a
+    tuple of them or a dict of them, batched by torch's ``default_collate``
+    (what a DataLoader does): a dict input is passed to the model as keyword
+    arguments, a tuple as positional ones (see :func:`forward`)."""
     tensors = getattr(dataset, "tensors", None)
     if tensors is not None and len(tensors) == 2:
         index = torch.from_numpy(np.array(indices, dtype=np.int64))
         return tensors[0][index], tensors[1][index]
     pairs = [dataset[int(i)] for i in indices]
-    xs = torch.stack([torch.as_tensor(p[0]) for p in pairs])
-    ys = torch.stack([torch.as_tensor(p[1]) for p in pairs])
+    for p in pairs[:1]:
+        if not (isinstance(p, (tuple, list)) and len(p) == 2):
+            raise ProgramError(f"a dataset sample must be (input, target), got {type(p).__name__}")
+    xs, ys = default_collate(pairs)
     return xs, ys
+
+
+def rows(batch: Any, lo: int, hi: int) -> Any:
+    """Samples ``lo:hi`` of a batch (a tensor, or a tuple or dict of them)."""
+    if isinstance(batch, dict):
+        return {k: rows(v, lo, hi) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(rows(v, lo, hi) for v in batch)
+    return batch[lo:hi]
+
+
+def forward(model: torch.nn.Module, inputs: Any) -> Any:
+    """``model(**inputs)`` for a dict, ``model(*inputs)`` for a tuple, else ``model(inputs)``."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)

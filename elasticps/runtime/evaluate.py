@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from elasticps.program import TrainingProgram
-from elasticps.runtime.data import fetch_batch
+from elasticps.runtime.data import fetch_batch, forward
 from elasticps.runtime.flat import load_flat
 
 EVAL_BATCH = 1024
@@ -31,6 +31,6 @@ def evaluate(
         for lo in range(0, len(data), EVAL_BATCH):
             idx = np.arange(lo, min(lo + EVAL_BATCH, len(data)))
             x, y = fetch_batch(data, idx)
-            weighted += float(program.metric(model(x), y)) * len(idx)
+            weighted += float(program.metric(forward(model, x), y)) * len(idx)
             total += len(idx)
     return weighted / total

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from elasticps.program import TrainingProgram
-from elasticps.runtime.data import DataPosition, GlobalBatches, fetch_batch
+from elasticps.runtime.data import DataPosition, GlobalBatches, fetch_batch, forward
 from elasticps.runtime.flat import flat_params
 
 
@@ -59,7 +59,7 @@ def train_single_process(
         for group in opt.param_groups:
             group["lr"] = program.lr_at(steps, batch)
         opt.zero_grad()
-        loss = program.loss(model(x), y)
+        loss = program.loss(forward(model, x), y)
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))

@@ -12,7 +12,7 @@ import torch
 
 from elasticps.program import TrainingProgram
 from elasticps.runtime.cpu_limit import CpuLimit
-from elasticps.runtime.data import fetch_batch
+from elasticps.runtime.data import fetch_batch, forward, rows
 from elasticps.runtime.flat import FlatModel
 from elasticps.runtime.shm import Attachments, OwnedVector, available
 
@@ -115,8 +115,8 @@ class Worker:
         loss_sum = 0.0
         sq_half = float("nan")
         for lo, hi in ((0, half), (half, b)) if half > 0 else ((0, b),):
-            out = model(x[lo:hi])
-            loss = self.program.loss(out, y[lo:hi])
+            out = forward(model, rows(x, lo, hi))
+            loss = self.program.loss(out, rows(y, lo, hi))
             (loss * ((hi - lo) / denominator)).backward()
             loss_sum += float(loss.detach()) * (hi - lo)
             if hi == half:
