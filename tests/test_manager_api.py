@@ -297,3 +297,45 @@ def test_the_cli_finds_the_token_in_the_workdir_then_env_then_flag(server, tmp_p
     assert main(["status", "--url", url, "--workdir", str(state)]) == 2
     err = capsys.readouterr().err
     assert "401" in err and "readable by other users; run: chmod 600" in err
+
+
+def test_the_python_client_is_typed_and_waits_follows_and_reads_metrics(server, tmp_path):
+    from elasticps.manager.client import Client, ManagerError
+    from elasticps.manager.models import JobOut, LogLine
+    from elasticps.manager.spec import parse_spec
+
+    http, manager = server
+    client = Client(str(http.base_url).rstrip("/"), token="s3cret")
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.is_set():
+            manager.step()
+            time.sleep(0.02)
+
+    path = tmp_path / "a.yaml"
+    path.write_text(SPEC.format(name="from-file"))
+    job = client.submit(path)  # a file
+    assert isinstance(job, JobOut) and job.name == "from-file" and job.state == "pending"
+    assert client.submit(parse_spec(SPEC.format(name="from-spec"))).spec.workers.max == 2  # a JobSpec
+    assert client.submit({"name": "from-dict", "program": "elasticps.examples.digits:program"}).name == "from-dict"
+    with pytest.raises(ManagerError, match="409") as err:
+        client.submit(path)
+    assert err.value.status == 409
+    with pytest.raises(TimeoutError, match="still pending"):
+        client.wait("from-file", timeout_s=0.3, poll_s=0.1)  # no rounds yet
+    assert client.scale("from-spec", workers=(1, 1)).spec.workers.max == 1
+    rounds = threading.Thread(target=loop, daemon=True)
+    rounds.start()
+    try:
+        lines = list(client.logs("from-file", follow=True, poll_s=0.1))  # returns once the job has ended
+        assert lines and all(isinstance(x, LogLine) for x in lines) and any(x.kind == "window" for x in lines)
+        steps = [x.step for x in lines if x.step is not None]
+        assert len(steps) == len(set(zip(steps, [x.kind for x in lines if x.step is not None], strict=True)))
+        assert client.wait("from-file", timeout_s=30).state == "finished"
+    finally:
+        done.set()
+        rounds.join(timeout=10)
+    families = {f.name for f in text_string_to_metric_families(client.metrics())}
+    assert "elasticps_jobs" in families and "elasticps_decision_seconds" in families
+    assert next(e.kind for e in client.events("from-file")) == "submitted"

@@ -332,19 +332,18 @@ def _bar(done: float, total: float, width: int = 20) -> str:
     return "[" + "#" * round(frac * width) + "." * (width - round(frac * width)) + "]"
 
 
-def _status_table(jobs: list[dict]) -> str:
+def _status_table(jobs: list[Any]) -> str:
     rows = []
     for j in jobs:
-        alloc = j.get("allocation") or {}
-        prog = j.get("progress") or {}
-        rate, metric = prog.get("samples_per_s"), prog.get("metric")
-        epochs = prog.get("epochs")
+        alloc, prog = j.allocation, j.progress
+        rate, metric = (prog.samples_per_s, prog.metric) if prog else (None, None)
+        epochs = prog.epochs if prog else None
         rows.append(
             [
-                j["name"],
-                j["state"],
-                f"{alloc.get('num_ps', '-')}x{alloc.get('num_workers', '-')}",
-                f"{_bar(prog.get('epoch', 0), epochs)} {prog.get('epoch')}/{epochs}" if epochs else "-",
+                j.name,
+                j.state,
+                f"{alloc.num_ps}x{alloc.num_workers}" if alloc else "-x-",
+                f"{_bar(prog.epoch, epochs)} {prog.epoch}/{epochs}" if prog and epochs else "-",
                 f"{rate:.0f}" if rate else "-",
                 f"{metric:.4f}" if metric is not None else "-",
             ]
@@ -361,7 +360,7 @@ def _watch_status(client: Any, every_s: float) -> int:
             jobs = client.jobs()
             stamp = time.strftime("%H:%M:%S")
             print("\033[H\033[J" + f"elasticps status  {stamp}  (Ctrl-C to stop)\n\n" + _status_table(jobs), flush=True)
-            if jobs and all(j["state"] in ("finished", "failed", "cancelled") for j in jobs):
+            if jobs and all(j.state in ("finished", "failed", "cancelled") for j in jobs):
                 return 0
             time.sleep(every_s)
     except KeyboardInterrupt:
@@ -371,24 +370,15 @@ def _watch_status(client: Any, every_s: float) -> int:
 def _wait(client: Any, name: str) -> int:
     """Stream the job's log until it ends; 0 if it finished, 1 if it failed or was cancelled."""
     _print_logs(client, name, follow=True)
-    state = client.job(name)["state"]
+    state = client.job(name).state
     print(f"{name}: {state}", flush=True)
     return 0 if state == "finished" else 1
 
 
 def _print_logs(client: Any, name: str, follow: bool) -> None:
-    import time
-
-    last = -1
-    while True:
-        for line in client.logs(name, last):
-            step = f"step {line['step']:6d}" if line["step"] is not None else "event      "
-            print(f"{step}  {line['text']}", flush=True)
-            if line["step"] is not None:
-                last = max(last, line["step"])
-        if not follow or client.job(name)["state"] in ("finished", "failed", "cancelled"):
-            return
-        time.sleep(2.0)
+    for line in client.logs(name, follow=follow):
+        step = f"step {line.step:6d}" if line.step is not None else "event      "
+        print(f"{step}  {line.text}", flush=True)
 
 
 def cmd_client(args: argparse.Namespace) -> int:
@@ -406,42 +396,39 @@ def cmd_client(args: argparse.Namespace) -> int:
             if args.working_dir:
                 text, json_body = _with_working_dir(text, args.working_dir), True
             job = client.submit(text, json_body=json_body)
-            print(f"submitted {job['name']} ({job['state']})", flush=True)
+            print(f"submitted {job.name} ({job.state})", flush=True)
             if args.wait:
-                return _wait(client, job["name"])
+                return _wait(client, job.name)
         elif args.command == "status":
             if args.watch:
                 return _watch_status(client, args.watch)
             jobs = client.jobs()
-            print(_status_table(jobs) if args.output == "table" else _dump(jobs, args.output))
+            print(_status_table(jobs) if args.output == "table" else _dump(_plain(jobs), args.output))
         elif args.command == "describe":
-            print(_dump(client.job(args.name), "json" if args.output == "table" else args.output))
+            print(_dump(_plain(client.job(args.name)), "json" if args.output == "table" else args.output))
         elif args.command == "cancel":
-            print(f"{args.name}: {client.cancel(args.name)['state']}")
+            print(f"{args.name}: {client.cancel(args.name).state}")
         elif args.command == "scale":
             if args.ps is None and args.workers is None:
                 raise SystemExit("error: scale: give --ps and/or --workers")
-            spec = client.scale(args.name, ps=args.ps, workers=args.workers)["spec"]
-            print(
-                f"{args.name}: ps {spec['ps']['min']}..{spec['ps']['max']}, "
-                f"workers {spec['workers']['min']}..{spec['workers']['max']}"
-            )
+            spec = client.scale(args.name, ps=args.ps, workers=args.workers).spec
+            print(f"{args.name}: ps {spec.ps.min}..{spec.ps.max}, workers {spec.workers.min}..{spec.workers.max}")
         elif args.command == "retry":
-            print(f"{args.name}: {client.retry(args.name)['state']}")
+            print(f"{args.name}: {client.retry(args.name).state}")
         elif args.command == "delete":
             client.delete(args.name)
             print(f"{args.name}: deleted")
         elif args.command == "logs":
             if args.output != "table":
-                print(_dump(client.logs(args.name), args.output))
+                print(_dump(_plain(list(client.logs(args.name))), args.output))
             else:
                 _print_logs(client, args.name, args.follow)
         elif args.command == "events":
             events = client.events(args.name)
             if args.output != "table":
-                print(_dump(events, args.output))
+                print(_dump(_plain(events), args.output))
             for e in events if args.output == "table" else []:
-                print(f"{e['id']:5d} {e['job'] or '-':12s} {e['kind']:10s} {e['message']}")
+                print(f"{e.id:5d} {e.job or '-':12s} {e.kind:10s} {e.message}")
     except ManagerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -467,6 +454,13 @@ def _with_working_dir(text: str, directory: str) -> str:
         raise SystemExit("error: the job spec's runtime_env must be a mapping")
     data["runtime_env"] = {**env, "working_dir": str(path)}
     return json.dumps(data)
+
+
+def _plain(data: Any) -> Any:
+    """API models as the JSON the API sent (for -o json|yaml)."""
+    if isinstance(data, list):
+        return [_plain(x) for x in data]
+    return data.model_dump(mode="json")
 
 
 def _dump(data: Any, fmt: str) -> str:

@@ -34,6 +34,7 @@ from pydantic import BaseModel
 
 from elasticps.errors import ConfigError, ElasticPSError, ProgramError
 from elasticps.manager.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from elasticps.manager.models import Allocation, ErrorOut, EventOut, JobOut, LogLine, Progress
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import MAX_SPEC_BYTES, JobSpec, LimitsPatch, parse_limits, parse_spec
 from elasticps.manager.states import IllegalTransition, JobInUse
@@ -42,50 +43,6 @@ from elasticps.runtime import JobReport
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 BODY_TYPES = {"application/json": "json", "application/yaml": "yaml"}
-
-
-class Allocation(BaseModel):
-    at: float
-    num_ps: int
-    num_workers: int
-    placement: dict[str, str]
-
-
-class Progress(BaseModel):
-    step: int
-    epoch: int
-    epochs: int
-    samples_per_s: float | None = None
-    loss: float | None = None
-    metric: float | None = None
-
-
-class JobOut(BaseModel):
-    name: str
-    state: Literal["pending", "running", "finished", "failed", "cancelled"]
-    submitted_at: float
-    updated_at: float
-    spec: JobSpec
-    allocation: Allocation | None = None
-    progress: Progress | None = None
-
-
-class EventOut(BaseModel):
-    id: int
-    at: float
-    job: str | None
-    kind: str
-    message: str
-
-
-class LogLine(BaseModel):
-    step: int | None
-    kind: Literal["window", "epoch", "event"]
-    text: str
-
-
-class ErrorOut(BaseModel):
-    detail: str
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 415)}

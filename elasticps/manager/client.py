@@ -1,19 +1,45 @@
-"""A Python client of the manager's REST API (what the CLI uses)."""
+"""A typed Python client of the manager's REST API (what the CLI uses).
+
+```python
+from elasticps.manager.client import Client
+
+client = Client()                                  # $ELASTICPS_URL, $ELASTICPS_TOKEN
+job = client.submit(Path("examples/digits-mlp.yaml"))
+for line in client.logs(job.name, follow=True):    # until the job ends
+    print(line.text)
+print(client.wait(job.name).state)                 # "finished"
+client.scale(job.name, workers=(2, 8))
+print(client.metrics())                            # Prometheus text
+```
+
+Answers are the API's own pydantic models (:mod:`elasticps.manager.models`);
+an error answer raises :class:`ManagerError` with its status and detail.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from elasticps.errors import ElasticPSError
+from elasticps.manager.models import ENDED, EventOut, JobOut, LogLine
+from elasticps.manager.spec import JobSpec
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 
 
 class ManagerError(ElasticPSError):
-    """The manager answered with an error."""
+    """The manager answered with an error (or could not be reached)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Client:
@@ -24,7 +50,7 @@ class Client:
             base_url=url or os.environ.get("ELASTICPS_URL", DEFAULT_URL), headers=headers, timeout=timeout_s
         )
 
-    def _call(self, method: str, path: str, **kw: Any) -> Any:
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as exc:
@@ -35,44 +61,88 @@ class Client:
                 if r.headers.get("content-type", "").startswith("application/json")
                 else r.text
             )
-            raise ManagerError(f"{r.status_code}: {detail}")
-        return r.json()
+            raise ManagerError(f"{r.status_code}: {detail}", r.status_code)
+        return r
 
-    def submit(self, spec_text: str, json_body: bool = False) -> dict[str, Any]:
+    def _job(self, method: str, path: str, **kw: Any) -> JobOut:
+        return JobOut.model_validate(self._request(method, path, **kw).json())
+
+    # -- commands
+    def submit(self, spec: JobSpec | Mapping[str, Any] | Path | str, json_body: bool = False) -> JobOut:
+        """Submit a job: a :class:`JobSpec`, a dict, a spec file (``Path``;
+        ``.json`` or YAML) or spec text (YAML, or JSON with ``json_body``)."""
+        if isinstance(spec, JobSpec):
+            text, json_body = spec.model_dump_json(exclude_none=True), True
+        elif isinstance(spec, Mapping):
+            text, json_body = json.dumps(dict(spec)), True
+        elif isinstance(spec, Path):
+            try:
+                text = spec.read_text()
+            except OSError as exc:
+                raise ManagerError(f"cannot read the job spec {spec}: {exc.strerror}") from None
+            json_body = spec.suffix == ".json"
+        else:
+            text = spec
         ctype = "application/json" if json_body else "application/yaml"
-        return self._call("POST", "/jobs", content=spec_text, headers={"Content-Type": ctype})
+        return self._job("POST", "/jobs", content=text, headers={"Content-Type": ctype})
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/jobs")
+    def cancel(self, name: str) -> JobOut:
+        return self._job("DELETE", f"/jobs/{name}")
 
-    def job(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/jobs/{name}")
+    def retry(self, name: str) -> JobOut:
+        return self._job("POST", f"/jobs/{name}/retry")
 
-    def cancel(self, name: str) -> dict[str, Any]:
-        return self._call("DELETE", f"/jobs/{name}")
+    def delete(self, name: str) -> JobOut:
+        """Forget an ended job; its name can be used again."""
+        return self._job("POST", f"/jobs/{name}/delete")
 
-    def scale(
-        self, name: str, ps: tuple[int, int] | None = None, workers: tuple[int, int] | None = None
-    ) -> dict[str, Any]:
+    def scale(self, name: str, ps: tuple[int, int] | None = None, workers: tuple[int, int] | None = None) -> JobOut:
         """New (min, max) limits of a job's PS and/or workers; the scheduler
         chooses the shape within them at its next round."""
         body = {kind: {"min": r[0], "max": r[1]} for kind, r in (("ps", ps), ("workers", workers)) if r is not None}
         if not body:
             raise ValueError("scale: give ps and/or workers")
-        return self._call("PATCH", f"/jobs/{name}", json=body)
+        return self._job("PATCH", f"/jobs/{name}", json=body)
 
-    def delete(self, name: str) -> dict[str, Any]:
-        """Forget an ended job; its name can be used again."""
-        return self._call("POST", f"/jobs/{name}/delete")
+    # -- reads
+    def jobs(self) -> list[JobOut]:
+        return [JobOut.model_validate(j) for j in self._request("GET", "/jobs").json()]
 
-    def retry(self, name: str) -> dict[str, Any]:
-        return self._call("POST", f"/jobs/{name}/retry")
+    def job(self, name: str) -> JobOut:
+        return self._job("GET", f"/jobs/{name}")
 
-    def events(self, job: str | None = None, after: int = 0) -> list[dict[str, Any]]:
+    def events(self, job: str | None = None, after: int = 0) -> list[EventOut]:
         params: dict[str, Any] = {"after": after}
         if job:
             params["job"] = job
-        return self._call("GET", "/events", params=params)
+        return [EventOut.model_validate(e) for e in self._request("GET", "/events", params=params).json()]
 
-    def logs(self, name: str, after_step: int = -1) -> list[dict[str, Any]]:
-        return self._call("GET", f"/jobs/{name}/logs", params={"after_step": after_step})
+    def logs(self, name: str, after_step: int = -1, follow: bool = False, poll_s: float = 2.0) -> Iterator[LogLine]:
+        """The job's log lines after ``after_step``; with ``follow``, new ones
+        as they come, until the job has ended."""
+        last = after_step
+        while True:
+            ended = follow and self.job(name).state in ENDED  # read first: no line written before the end is lost
+            lines = self._request("GET", f"/jobs/{name}/logs", params={"after_step": last}).json()
+            for line in map(LogLine.model_validate, lines):  # events (no step) come with the first read only
+                if line.step is not None:
+                    last = max(last, line.step)
+                yield line
+            if not follow or ended:
+                return
+            time.sleep(poll_s)
+
+    def wait(self, name: str, timeout_s: float | None = None, poll_s: float = 1.0) -> JobOut:
+        """Block until the job has ended (finished, failed or cancelled); its last state."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            job = self.job(name)
+            if job.state in ENDED:
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {name} is still {job.state} after {timeout_s:g} s")
+            time.sleep(poll_s)
+
+    def metrics(self) -> str:
+        """The manager's metrics in the Prometheus text format."""
+        return self._request("GET", "/metrics").text

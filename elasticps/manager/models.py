@@ -1,0 +1,57 @@
+"""What the manager's REST API answers, as pydantic models: the OpenAPI schema's
+response types, and what :class:`elasticps.manager.client.Client` returns."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from elasticps.manager.spec import JobSpec
+
+#: A job in one of these states has ended; its state does not change any more.
+ENDED = ("finished", "failed", "cancelled")
+
+
+class Allocation(BaseModel):
+    at: float
+    num_ps: int
+    num_workers: int
+    placement: dict[str, str]
+
+
+class Progress(BaseModel):
+    step: int
+    epoch: int
+    epochs: int
+    samples_per_s: float | None = None
+    loss: float | None = None
+    metric: float | None = None
+
+
+class JobOut(BaseModel):
+    name: str
+    state: Literal["pending", "running", "finished", "failed", "cancelled"]
+    submitted_at: float
+    updated_at: float
+    spec: JobSpec
+    allocation: Allocation | None = None
+    progress: Progress | None = None
+
+
+class EventOut(BaseModel):
+    id: int
+    at: float
+    job: str | None
+    kind: str
+    message: str
+
+
+class LogLine(BaseModel):
+    step: int | None
+    kind: Literal["window", "epoch", "event"]
+    text: str
+
+
+class ErrorOut(BaseModel):
+    detail: str
