@@ -365,6 +365,9 @@ def test_metrics_are_prometheus_families_that_follow_the_jobs(env):
     assert samples == job.step * job.info.batch_size > 0
     assert first["elasticps_job_rescales_total"][(("job", "m"),)] == len(manager.store.allocations("m")) - 1
     assert first["elasticps_decision_seconds_count"][()] == 8
+    applied = len(job.rescales)  # the runtime's records of applied rescales, each with its pause
+    assert applied >= 1 and first["elasticps_rescale_pause_seconds_count"][()] == applied
+    assert first["elasticps_rescale_pause_seconds_sum"][()] == pytest.approx(applied * job.pause_s)
     cpus = {k[0][1]: v for k, v in first["elasticps_cluster_cpus"].items()}
     assert cpus["capacity"] == 8.0 and cpus["ours"] + cpus["free"] + cpus["others"] == pytest.approx(8.0)
     manager.step()

@@ -18,7 +18,7 @@ from elasticps.errors import JobFailedError, PlacementError, ProgramError
 from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec
 from elasticps.runtime import JobReport, WindowReport
-from elasticps.runtime.reports import StepTimes
+from elasticps.runtime.reports import RescaleRecord, StepTimes
 from elasticps.sched import ClusterView, NodeView, Resources
 
 
@@ -48,6 +48,8 @@ class FakeJob:
     lost: str | None = None
     polls: int = 0
     batch: int = 0  # the global batch (0: the program's)
+    pause_s: float = 0.02  # what each rescale reports as the time training stood still
+    rescales: list[RescaleRecord] = field(default_factory=list)
     noise_scale: float | None = None  # reported as measured
     speed_at: Callable[[int, int, int], float] | None = None  # samples/s at (p, w, batch), if the batch matters
 
@@ -63,7 +65,7 @@ class FakeJob:
         self.lost = why
 
     # -- JobHandle
-    def poll(self, after_step: int, after_event: int) -> JobStatus:
+    def poll(self, after_step: int, after_event: int, after_rescale: int = 0) -> JobStatus:
         if self.lost:
             raise JobFailedError(self.lost)
         self.polls += 1
@@ -90,12 +92,17 @@ class FakeJob:
             error=self.error,
             batch_size=self.batch or self.info.batch_size,
             noise_scale=self.noise_scale,
+            rescales=self.rescales[after_rescale:],
+            rescales_total=len(self.rescales),
         )
 
     def _advance(self) -> None:
         if self.asked is not None:
             p, w, _ = self.asked
             self.events.append(f"step {self.step}: rescaled {self.shape[0]}x{self.shape[1]} -> {p}x{w}")
+            self.rescales.append(
+                RescaleRecord(len(self.rescales) + 1, self.shape, (p, w), self.step, self.pause_s, 0.0, True)
+            )
             self.shape, self.asked = (p, w), None
         if self.stopping:
             self.state = "stopped"

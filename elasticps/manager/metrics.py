@@ -6,7 +6,9 @@ samples trained (a counter: steps x global batch) and applied rescales (a
 counter, from the store's allocation history), and the cluster's CPUs
 (capacity, held by other tenants, held by our jobs, free). Kept by the
 manager as it runs: a histogram of the time each round takes to decide and
-place. Each manager has its own registry, so several can live in one process.
+place, and of the pause each applied rescale cost its job (as the runtime
+measured it). Each manager has its own registry, so several can live in one
+process.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 #: What ``GET /metrics`` answers with.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DECISION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class ManagerMetrics:
@@ -37,6 +40,12 @@ class ManagerMetrics:
             "elasticps_decision_seconds",
             "Time one round takes to run the policy and placement.",
             buckets=DECISION_BUCKETS,
+            registry=self.registry,
+        )
+        self.rescale_pause_seconds = Histogram(
+            "elasticps_rescale_pause_seconds",
+            "Time training stood still for one applied rescale (the runtime's RescaleRecord.pause_s).",
+            buckets=PAUSE_BUCKETS,
             registry=self.registry,
         )
         self.registry.register(_StateCollector(manager))

@@ -77,7 +77,7 @@ class JobDriver:
         )
         self.thread = self.controller.run_in_thread()
 
-    def poll(self, after_step: int, after_event: int) -> JobStatus:
+    def poll(self, after_step: int, after_event: int, after_rescale: int = 0) -> JobStatus:
         c = self.controller
         r = c.report()
         new_events = r.events_total - after_event
@@ -99,6 +99,8 @@ class JobDriver:
             samples_per_epoch=c.samples_per_epoch(),
             metric=c.final_metric if c.final_metric is not None else last_epoch.metric if last_epoch else None,
             error=r.error,
+            rescales=r.rescales[after_rescale:],
+            rescales_total=len(r.rescales),
             batch_size=r.batch_size,
             noise_scale=statistics.median(noise[-3:]) if noise else None,  # one epoch's estimate is noisy
         )
@@ -151,8 +153,8 @@ class RayJobHandle:
         self.actor = actor
         self._closed = False
 
-    def poll(self, after_step: int, after_event: int) -> JobStatus:
-        return _call(self.actor.poll.remote(after_step, after_event))
+    def poll(self, after_step: int, after_event: int, after_rescale: int = 0) -> JobStatus:
+        return _call(self.actor.poll.remote(after_step, after_event, after_rescale))
 
     def report(self) -> JobReport:
         return _call(self.actor.report.remote())

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from elasticps.manager.spec import JobSpec
 from elasticps.runtime import JobConfig, JobReport, WindowReport
+from elasticps.runtime.reports import RescaleRecord
 from elasticps.sched import ClusterView, Resources
 
 
@@ -67,14 +68,17 @@ class JobStatus:
     samples_per_epoch: int | None = None
     metric: float | None = None
     error: str | None = None
+    rescales: list[RescaleRecord] = field(default_factory=list)  # those after the poll's ``after_rescale``
+    rescales_total: int = 0
     batch_size: int = 0  # the global batch now
     noise_scale: float | None = None  # the gradient noise scale: the median of the latest 3 epochs' estimates
 
 
 class JobHandle(Protocol):
-    def poll(self, after_step: int, after_event: int) -> JobStatus:
-        """The job's status, with the windows ending after ``after_step`` and
-        the events after the ``after_event``-th. Raises if the job is lost."""
+    def poll(self, after_step: int, after_event: int, after_rescale: int = 0) -> JobStatus:
+        """The job's status, with the windows ending after ``after_step``, the
+        events after the ``after_event``-th and the rescale records after the
+        ``after_rescale``-th. Raises if the job is lost."""
         ...
 
     def report(self) -> JobReport: ...

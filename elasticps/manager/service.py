@@ -100,6 +100,7 @@ class _Live:
     applied: tuple[int, int, dict] | None = None  # the allocation last recorded
     compute_share: float | None = None  # of a step, in the latest window (the speed model's prior)
     batch: int | None = None  # the global batch last asked for (None: the program's)
+    rescales_seen: int = 0  # rescale records already counted
 
 
 def check_allowed(program: str, allowed: tuple[str, ...] | None) -> None:
@@ -450,7 +451,7 @@ class Manager:
         news = False
         for name, live in list(self.live.items()):
             try:
-                st = live.handle.poll(live.last_step, live.events_seen)
+                st = live.handle.poll(live.last_step, live.events_seen, live.rescales_seen)
             except ElasticPSError as exc:  # the job's driver is gone: nothing of it runs any more
                 self._stopped_by_failure(name, live, now, str(exc))
                 news = True
@@ -470,6 +471,10 @@ class Manager:
                 if text.partition(": ")[2].startswith("rescale to") and "failed" in text:
                     live.asked, live.asked_placement = (st.num_ps, st.num_workers), dict(st.placement)
             live.events_seen = st.events_total
+            for rec in st.rescales:
+                if rec.ok:
+                    self.metrics.rescale_pause_seconds.observe(rec.pause_s)
+            live.rescales_seen = st.rescales_total
             applied = (st.num_ps, st.num_workers, st.placement)
             if st.state == "running" and st.num_ps and applied != live.applied:
                 self.store.record_allocation(name, now, *applied)
