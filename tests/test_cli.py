@@ -21,3 +21,22 @@ def test_submit_of_a_missing_file_is_one_line_not_a_traceback(tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["submit", str(missing), "--token", "t", "--url", "http://127.0.0.1:9"])
     assert str(exc.value) == f"error: cannot read the job spec {missing}: No such file or directory"
+
+
+def test_every_flag_and_argument_has_help():
+    import argparse
+
+    from elasticps.cli.main import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, where: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{where} {name}")
+            elif action.help is None and not isinstance(action, argparse._HelpAction):
+                missing.append(f"{where} {action.option_strings or action.dest}")
+
+    walk(build_parser(), "elasticps")
+    assert missing == []

@@ -492,6 +492,14 @@ def _version() -> str:
         return "unknown"
 
 
+POLICY_HELP = "static: the spec's counts; greedy, optimus: classic managers; elastic (default): see docs/scheduler.md"
+OBJECTIVE_HELP = (
+    "goodput (default): progress per second (samples/s x statistical efficiency); speed: samples/s; "
+    "efficiency: goodput, growing a job only while it scales well"
+)
+PLACEMENT_HELP = "locality (default): fewest PS bytes across nodes; spread, pack, optimus: the classic rules"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="elasticps", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -520,7 +528,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")
-    bench.add_argument("what", choices=["runtime", "scheduler", "placement", "chaos", "shapes", "explore"])
+    bench.add_argument(
+        "what",
+        choices=["runtime", "scheduler", "placement", "chaos", "shapes", "explore"],
+        help="runtime: throughput and rescale pauses; scheduler: decision time; placement: cross-node bytes; "
+        "chaos: faults vs invariants; shapes: a real job's speed grid; explore: the probe walk on that grid",
+    )
     bench.add_argument(
         "--steps", type=int, default=None, help="placement: steps per job (20); shapes: steps timed per shape (8)"
     )
@@ -557,12 +570,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train one program at a fixed shape (resumes from --checkpoint-dir)")
     train.add_argument("program", help="package.module:attr naming a TrainingProgram (or a factory of one)")
-    train.add_argument("--ps", type=int, default=1)
-    train.add_argument("--workers", type=int, default=1)
-    train.add_argument("--mode", choices=["sync", "async"], default="sync")
-    train.add_argument("--checkpoint-dir")
-    train.add_argument("--max-steps", type=int)
-    train.add_argument("--report-interval-s", type=float, default=5.0)
+    train.add_argument("--ps", type=int, default=1, help="parameter-server shards (default 1)")
+    train.add_argument("--workers", type=int, default=1, help="workers (default 1)")
+    train.add_argument(
+        "--mode", choices=["sync", "async"], default="sync", help="sync: exact at any shape; async: no barrier"
+    )
+    train.add_argument("--checkpoint-dir", help="write checkpoints here, and resume from the newest one there")
+    train.add_argument("--max-steps", type=int, help="stop after this many steps (default: train to the end)")
+    train.add_argument("--report-interval-s", type=float, default=5.0, help="seconds per progress line (default 5)")
     train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     train.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
     train.set_defaults(func=cmd_train)
@@ -573,8 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="database, checkpoints, API token and Ray token go here; one manager per workdir "
         "(default $ELASTICPS_WORKDIR or elasticps-state)",
     )
-    server.add_argument("--host", default="127.0.0.1")
-    server.add_argument("--port", type=int, default=8470)
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
+    server.add_argument("--port", type=int, default=8470, help="port to listen on (default 8470)")
     server.add_argument(
         "--token", help="the API's bearer token (default $ELASTICPS_TOKEN, else WORKDIR/token, made at first start)"
     )
@@ -600,9 +615,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="elastic: seconds a rescale is taken to cost (default 10; measured pauses here are < 1 s)",
     )
-    server.add_argument("--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic"])
-    server.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"])
-    server.add_argument("--placement", default="locality", choices=["locality", "spread", "pack", "optimus"])
+    server.add_argument(
+        "--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic"], help=POLICY_HELP
+    )
+    server.add_argument(
+        "--objective", default="goodput", choices=["goodput", "speed", "efficiency"], help=OBJECTIVE_HELP
+    )
+    server.add_argument(
+        "--placement", default="locality", choices=["locality", "spread", "pack", "optimus"], help=PLACEMENT_HELP
+    )
     server.add_argument("--kuberay", metavar="NAME", help="grow and shrink this KubeRay RayCluster's worker group")
     server.add_argument("--kuberay-namespace", help="its namespace (default: the pod's own, else 'default')")
     server.add_argument("--kuberay-group", help="its worker group (default: the first)")
@@ -638,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "so a path on the manager's machine)",
             )
         elif name in ("describe", "cancel", "retry", "logs", "scale", "delete"):
-            c.add_argument("name")
+            c.add_argument("name", help="the job's name")
         if name in ("status", "describe", "logs", "events"):
             c.add_argument(
                 "-o",
@@ -655,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "status":
             c.add_argument("--watch", type=float, nargs="?", const=2.0, help="redraw every N seconds (default 2)")
         elif name == "events":
-            c.add_argument("name", nargs="?")
+            c.add_argument("name", nargs="?", help="only this job's events (default: all)")
         c.set_defaults(func=cmd_client)
 
     sim = sub.add_parser("sim", help="simulate policies on a modelled cluster")
@@ -677,14 +698,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="synthetic workload: share of PS jobs with an adaptive batch (up to 8x) and a growing noise scale",
     )
     sim.add_argument("--interval-s", type=float, default=300.0, help="scheduling interval")
-    sim.add_argument("--rescale-pause-s", type=float, default=30.0)
+    sim.add_argument(
+        "--rescale-pause-s", type=float, default=30.0, help="seconds a job makes no progress after a start or rescale"
+    )
     sim.add_argument(
         "--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic", "oracle"],
         help="oracle: elastic's decisions knowing every job's true speed (the bound to measure against)",
     )  # fmt: skip
-    sim.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"])
-    sim.add_argument("--placement", default="locality", choices=["locality", "spread", "pack", "optimus"])
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"], help=OBJECTIVE_HELP)
+    sim.add_argument(
+        "--placement", default="locality", choices=["locality", "spread", "pack", "optimus"], help=PLACEMENT_HELP
+    )
+    sim.add_argument("--seed", type=int, default=0, help="seeds the workload, other tenants and noise")
     sim.add_argument(
         "--no-fleet-prior",
         action="store_true",
@@ -696,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--plot", help="write PNG plots into this directory")
     sim.add_argument("--json", help="write the results here")
-    sim.add_argument("--quiet", action="store_true")
+    sim.add_argument("--quiet", action="store_true", help="no progress lines")
     sim.set_defaults(func=cmd_sim)
     return p
 
