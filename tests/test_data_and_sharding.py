@@ -102,3 +102,37 @@ def test_bind_gives_the_model_exactly_the_pulled_parameters(num_shards, seed):
     x = torch.ones(2, 5)
     model(x).sum().backward()  # gradients still land in the flat buffer
     assert float(flat.grads.abs().sum()) > 0
+
+
+def test_batches_of_dicts_tuples_and_batched_reads_are_collated_like_a_dataloader():
+    from torch.utils.data import DataLoader
+
+    from elasticps.errors import ProgramError
+    from elasticps.runtime.data import fetch_batch, forward, rows
+
+    class Reads:
+        """A dataset read a batch at a time (``__getitems__``), counting its reads."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int):
+            raise AssertionError("read one at a time")
+
+        def __getitems__(self, idx: list[int]):
+            self.calls += 1
+            return [({"a": torch.full((2,), float(i)), "b": (torch.tensor(i), torch.tensor(-i))}, i % 3) for i in idx]
+
+    data = Reads()
+    x, y = fetch_batch(data, np.array([4, 1, 7]))
+    assert data.calls == 1
+    ref_x, ref_y = next(iter(DataLoader(data, batch_size=3, sampler=[4, 1, 7])))  # what torch itself gives
+    assert torch.equal(x["a"], ref_x["a"]) and torch.equal(x["b"][1], ref_x["b"][1]) and torch.equal(y, ref_y)
+    part = rows(x, 1, 3)
+    assert torch.equal(part["a"][:, 0], torch.tensor([1.0, 7.0])) and torch.equal(part["b"][0], torch.tensor([1, 7]))
+    assert forward(lambda a, b: a.sum() + b[0].sum(), part).item() == 2 * (1 + 7) + 8  # a dict: keyword arguments
+    with pytest.raises(ProgramError, match=r"must be \(input, target\)"):
+        fetch_batch([torch.zeros(2)] * 3, np.array([0, 1]))

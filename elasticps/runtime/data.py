@@ -67,12 +67,15 @@ def fetch_batch(dataset: Any, indices: np.ndarray) -> tuple[Any, Any]:
     A sample is ``(input, target)``; either may be a tensor (or number), a
     tuple of them or a dict of them, batched by torch's ``default_collate``
     (what a DataLoader does): a dict input is passed to the model as keyword
-    arguments, a tuple as positional ones (see :func:`forward`)."""
+    arguments, a tuple as positional ones (see :func:`forward`). A dataset
+    with ``__getitems__(indices)`` (torch's batched read, e.g. from a file or
+    a database) is read once per batch, as a DataLoader reads it."""
     tensors = getattr(dataset, "tensors", None)
     if tensors is not None and len(tensors) == 2:
         index = torch.from_numpy(np.array(indices, dtype=np.int64))
         return tensors[0][index], tensors[1][index]
-    pairs = [dataset[int(i)] for i in indices]
+    getitems = getattr(dataset, "__getitems__", None)  # torch's batched read: one call per batch
+    pairs = getitems([int(i) for i in indices]) if getitems else [dataset[int(i)] for i in indices]
     for p in pairs[:1]:
         if not (isinstance(p, (tuple, list)) and len(p) == 2):
             raise ProgramError(f"a dataset sample must be (input, target), got {type(p).__name__}")
