@@ -64,8 +64,15 @@ class TrainingProgram:
         eval_dataset: optional held-out dataset (or factory) for ``metric``.
         metric: optional ``metric(output, target) -> float`` (e.g. accuracy),
             averaged over ``eval_dataset`` at the end of every epoch.
-        optimizer: one of :data:`ELEMENTWISE_OPTIMIZERS`.
+        optimizer: one of :data:`ELEMENTWISE_OPTIMIZERS`, or (with
+            ``inexact_optimizer``) any ``torch.optim.Optimizer`` class.
         optimizer_kwargs: extra arguments (e.g. ``{"momentum": 0.9}``).
+        inexact_optimizer: allow an optimizer whose update is not elementwise
+            (LARS, LAMB, Shampoo, ...). Each PS shard runs it on its slice of
+            the flat parameter vector as one tensor, so norms or statistics
+            it takes per tensor are taken over the shard instead: the update
+            differs from single-process training and depends on the number
+            of PS. Its state must be tensors of the slice's size or scalars.
         lr: learning rate (at ``batch_size``, step 0).
         batch_size: the global batch size M, split across the workers; the
             initial one when ``max_batch_size`` is set.
@@ -89,7 +96,7 @@ class TrainingProgram:
     lr: float
     batch_size: int
     epochs: int
-    optimizer: str = "sgd"
+    optimizer: str | type[torch.optim.Optimizer] = "sgd"
     optimizer_kwargs: dict[str, Any] = field(default_factory=dict)
     eval_dataset: Any = None
     metric: Metric | None = None
@@ -97,12 +104,20 @@ class TrainingProgram:
     max_batch_size: int | None = None
     lr_scaling: str = "sqrt"
     lr_schedule: Callable[[int], float] | None = None
+    inexact_optimizer: bool = False
 
     def __post_init__(self) -> None:
-        if self.optimizer not in ELEMENTWISE_OPTIMIZERS:
+        custom = isinstance(self.optimizer, type) and issubclass(self.optimizer, torch.optim.Optimizer)
+        if custom and not self.inexact_optimizer:
+            raise ProgramError(
+                f"optimizer {self.optimizer_name} is not one of {sorted(ELEMENTWISE_OPTIMIZERS)}, whose updates "
+                "shard exactly; set inexact_optimizer=True to run it per PS shard (see TrainingProgram)"
+            )
+        if not custom and self.optimizer not in ELEMENTWISE_OPTIMIZERS:
             raise ProgramError(
                 f"optimizer {self.optimizer!r} is not supported; choose one of "
-                f"{sorted(ELEMENTWISE_OPTIMIZERS)} (elementwise optimizers shard exactly)"
+                f"{sorted(ELEMENTWISE_OPTIMIZERS)} (elementwise optimizers shard exactly), "
+                "or pass a torch.optim.Optimizer class with inexact_optimizer=True"
             )
         if not callable(self.model):
             raise ProgramError("model must be a zero-argument factory returning a torch.nn.Module")
@@ -122,6 +137,12 @@ class TrainingProgram:
             raise ProgramError("lr_schedule must be callable as lr_schedule(step) -> float")
         if (self.metric is None) != (self.eval_dataset is None):
             raise ProgramError("metric and eval_dataset must be given together")
+
+    @property
+    def optimizer_name(self) -> str:
+        """``sgd``, ``adam``, ... or a custom class's ``module.QualName``."""
+        opt = self.optimizer
+        return opt if isinstance(opt, str) else f"{opt.__module__}.{opt.__qualname__}"
 
     @property
     def adaptive_batch(self) -> bool:
@@ -161,14 +182,14 @@ class TrainingProgram:
     def make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         """The program's optimizer over ``params``; the fused kernel where torch has one
         (the same elementwise update, several times faster on a CPU)."""
-        cls = ELEMENTWISE_OPTIMIZERS[self.optimizer]
+        cls = self.optimizer if isinstance(self.optimizer, type) else ELEMENTWISE_OPTIMIZERS[self.optimizer]
         kwargs = dict(self.optimizer_kwargs)
-        if self.optimizer in FUSED_OPTIMIZERS and "foreach" not in kwargs:
+        if isinstance(self.optimizer, str) and self.optimizer in FUSED_OPTIMIZERS and "foreach" not in kwargs:
             kwargs.setdefault("fused", True)
         try:
             return cls(params, lr=self.lr, **kwargs)
         except TypeError as exc:
-            raise ProgramError(f"bad optimizer_kwargs for {self.optimizer}: {exc}") from exc
+            raise ProgramError(f"bad optimizer_kwargs for {self.optimizer_name}: {exc}") from exc
 
 
 def _materialize(obj: Any, what: str) -> Any:

@@ -298,3 +298,30 @@ def test_a_transformer_with_dict_batches_is_exact_through_a_rescale(ray_local):
     assert relative_error(job.parameters(), ref.params) < TOL
     assert ref.losses[-1] < ref.losses[0]
     job.shutdown()
+
+
+class NormalizedSGD(torch.optim.Optimizer):
+    """p -= lr * g / |g|, the norm per tensor: not elementwise, so it cannot shard exactly."""
+
+    def __init__(self, params, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"] / max(float(p.grad.norm()), 1e-12))
+
+
+def test_an_inexact_optimizer_runs_per_shard_only_when_asked(ray_local):
+    base = digits.program(epochs=50)
+    with pytest.raises(ProgramError, match="set inexact_optimizer=True"):
+        dataclasses.replace(base, optimizer=NormalizedSGD, optimizer_kwargs={})
+    program = dataclasses.replace(base, optimizer=NormalizedSGD, optimizer_kwargs={}, lr=0.5, inexact_optimizer=True)
+    job = make_job(2, 2, program)
+    report = job.run(max_steps=30)
+    assert report.windows[-1].loss < 0.8 * report.windows[0].loss  # it trains ...
+    ref = train_single_process(program, max_steps=30)
+    assert relative_error(job.parameters(), ref.params) > 1e-3  # ... but not as one process would: norms per shard
+    job.shutdown()

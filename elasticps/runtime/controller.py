@@ -379,7 +379,7 @@ class JobController:
                 self.position,
                 state,
                 self.program.seed,
-                self.program.optimizer,
+                self.program.optimizer_name,
                 self.samples_seen,
                 self.batch_size,
             )
@@ -933,10 +933,10 @@ class JobController:
             raise ConfigError(f"placement names tasks that the shape {num_ps}x{num_workers} does not have: {unknown}")
 
     def _check_checkpoint(self, ckpt: Checkpoint) -> None:
-        if ckpt.seed != self.program.seed or ckpt.optimizer != self.program.optimizer:
+        if ckpt.seed != self.program.seed or ckpt.optimizer != self.program.optimizer_name:
             raise ConfigError(
                 f"checkpoint in {self.config.checkpoint_dir} is for seed {ckpt.seed} / {ckpt.optimizer}, "
-                f"the program has seed {self.program.seed} / {self.program.optimizer}"
+                f"the program has seed {self.program.seed} / {self.program.optimizer_name}"
             )
 
 
