@@ -109,6 +109,8 @@ def test_runs_to_the_end_with_epoch_reports(ray_local, tmp_path):
     times = report.windows[0].mean_step_times
     assert times.compute_s > 0 and times.pull_s > 0 and times.push_s >= 0 and times.wait_s >= 0
     assert report.gradient_samples and report.gradient_samples[0].batch_big == 64
+    # every batch after each worker's first was read in the background during the step before
+    assert report.prefetched_batches == 2 * (report.step - 1)
     # The last checkpoint is the end of training.
     from elasticps.runtime import CheckpointStore
 

@@ -131,6 +131,7 @@ class JobController:
         self.samples_seen = 0
         self.batch_size = self.program.batch_size  # the global batch M now
         self._batch_request: int | None = None
+        self._prefetched = 0
         self.state = "created"
         self.error: str | None = None
         self.final_metric: float | None = None  # the metric of the final parameters, once finished
@@ -229,6 +230,7 @@ class JobController:
                 cross_node_bytes=sum(v for k, v in self._bytes.items() if _crosses(k)),
                 error=self.error,
                 batch_size=self.batch_size,
+                prefetched_batches=self._prefetched,
             )
 
     def placement(self) -> dict[str, str]:
@@ -394,10 +396,15 @@ class JobController:
         assert self._batches is not None
         idx, next_pos = self._batches.take(self.position, self.batch_size)
         lr = self.program.lr_at(self.step, self.batch_size)
+        # what each worker most likely reads next (same shape and batch): read while this step runs
+        upcoming = self._batches.take(next_pos, self.batch_size)[0] if next_pos.epoch < self.program.epochs else None
+        nexts = split_evenly(upcoming, len(self.workers)) if upcoming is not None else [None] * len(self.workers)
         measure = self._measure_gns()
         t0 = time.perf_counter()
         calls = []
-        for rank, (w, part) in enumerate(zip(self.workers, split_evenly(idx, len(self.workers)), strict=True)):
+        for rank, (w, part, nxt) in enumerate(
+            zip(self.workers, split_evenly(idx, len(self.workers)), nexts, strict=True)
+        ):
             if len(part) == 0:
                 continue
             refs = w.handle.step.options(num_returns=len(self.ps) + 1).remote(
@@ -409,6 +416,7 @@ class JobController:
                 worker_seed(self.program.seed, self.step, rank),
                 measure,
                 [ps.node_id == w.node_id for ps in self.ps],
+                nxt,
             )
             calls.append((w, refs))
         applies = [
@@ -558,6 +566,7 @@ class JobController:
         times.wait_s = max(0.0, wall_s - busy)
         loss = sum(s["loss_sum"] for s in stats)
         with self._lock:
+            self._prefetched += sum(1 for s in stats if s.get("prefetched"))
             for s, w in zip(stats, workers, strict=True):
                 for ps, pulled, pushed in zip(self.ps, s["pull_bytes"], s["push_bytes"], strict=True):
                     down, up = pair_key(ps.node_id, w.node_id), pair_key(w.node_id, ps.node_id)

@@ -139,6 +139,7 @@ class JobReport:
     cross_node_bytes: int = 0
     error: str | None = None
     batch_size: int = 0  # the global batch now
+    prefetched_batches: int = 0  # worker batches that had been read in the background before their step
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

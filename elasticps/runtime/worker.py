@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,9 @@ class Worker:
         self.flat = FlatModel(model, None if self._grad_shm is None else self._grad_shm.array)
         self.dataset = program.build_dataset()
         self._attached = Attachments()
+        # the next step's samples, read in the background while this step computes
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        self._next: tuple[np.ndarray, Future] | None = None
 
     def ready(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
@@ -50,6 +54,7 @@ class Worker:
         if self._grad_shm is not None:
             self._grad_shm.close()
             self._grad_shm = None
+        self._reader.shutdown(wait=False, cancel_futures=True)
 
     def step(
         self,
@@ -61,6 +66,7 @@ class Worker:
         seed: int,
         measure: bool = True,
         same_node: list[bool] | None = None,
+        prefetch: np.ndarray | None = None,
     ) -> tuple[Any, ...]:
         """Gradient of ``sum(loss over indices) / denominator`` at the pulled parameters.
 
@@ -69,14 +75,24 @@ class Worker:
         almost for free; with the global one they estimate the noise scale.
         For shards marked ``same_node``, the gradient is handed over as a
         :class:`ShmRef` into this worker's shared buffer instead of a copy.
+        ``prefetch``: the samples this worker will most likely get next (the
+        same shape and batch): read in the background meanwhile, and used if
+        they are indeed asked for.
         """
+        prefetched = self._next is not None and np.array_equal(self._next[0], indices)
+        batch = self._next[1] if prefetched and self._next else self._reader.submit(fetch_batch, self.dataset, indices)
+        self._next = None
+        if prefetch is not None and len(prefetch):
+            self._next = (np.asarray(prefetch), self._reader.submit(fetch_batch, self.dataset, prefetch))
         t0 = time.perf_counter()
         parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
         self.flat.bind(parts, bounds)
         t1 = time.perf_counter()
 
         with self.cpu_limit.held():
-            loss_sum, sq_half, sq_local, b, half = self._gradient(indices, denominator, seed, measure)
+            loss_sum, sq_half, sq_local, b, half = self._gradient(
+                batch.result(), len(indices), denominator, seed, measure
+            )
         t2 = time.perf_counter()
         g = self.flat.grads_numpy()
         local = same_node if (same_node is not None and self._grad_shm is not None) else [False] * len(bounds)
@@ -93,6 +109,7 @@ class Worker:
             "batch_half": half,
             "sqnorm_half": sq_half,
             "sqnorm_local": sq_local,
+            "prefetched": prefetched,
             "pull_bytes": [int(p.nbytes) for p in parts],  # same-node bytes are read in place
             "push_bytes": [int(s.nbytes) for s in slices],
             "sent_at": time.time(),
@@ -100,13 +117,13 @@ class Worker:
         return (stats, *slices)
 
     def _gradient(
-        self, indices: np.ndarray, denominator: int, seed: int, measure: bool
+        self, batch: tuple[Any, Any], b: int, denominator: int, seed: int, measure: bool
     ) -> tuple[float, float, float, int, int]:
-        """Accumulate the gradient into the flat buffer; returns the loss sum,
-        the half- and local-batch squared norms, the batch and its half."""
+        """Accumulate the gradient of ``batch`` (inputs, targets; ``b`` samples)
+        into the flat buffer; returns the loss sum, the half- and local-batch
+        squared norms, the batch and its half."""
         torch.manual_seed(seed)
-        x, y = fetch_batch(self.dataset, indices)
-        b = len(indices)
+        x, y = batch
         half = b // 2 if measure else 0
         grads = self.flat.grads
         grads.zero_()
