@@ -66,7 +66,12 @@ def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
     text = experiment.table(out)
     for name in ("cnn-1", "cnn-2", "cnn-3"):
         assert text.count(name) == 2
-    assert "static: makespan" in text and "elastic: makespan" in text
+    assert "static: makespan" in text and "elastic: makespan" in text and "to target" not in text
+    with_target = experiment.table(out, 0.95)  # what `demo --objectives` prints
+    assert "to target s: from submission to the end of the first epoch at accuracy >= 0.95" in with_target
+    assert all(j["batches"] == [128] for r in out.values() for j in r.jobs.values())  # a fixed batch here
+    epochs = out["static"].jobs["cnn-1"]
+    assert epochs["time_to_target_s"] is None or 0 < epochs["time_to_target_s"] <= epochs["total_s"]
     assert any("other tenants freed" in line for line in lines)  # progress was printed as it happened
     page = report.write_html(out, tmp_path / "report.html", text, {"epochs": setup.epochs}).read_text()
     assert page.count("data:image/png;base64,") == 4

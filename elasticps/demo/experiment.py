@@ -318,9 +318,7 @@ def table(results: dict[str, ScenarioResult], target: float | None = None) -> st
     """Per job and policy: epoch time, total time, final accuracy, mean utilization;
     with ``target``, also the batches trained at and the time to that accuracy."""
     header = ["job", "policy", "shapes (PSxW)", "epoch s", "total s", "accuracy", "mean CPUs", "utilization"]
-    adaptive = any(
-        j.get("batches", [0])[1:] or j.get("time_to_target_s") for r in results.values() for j in r.jobs.values()
-    )
+    adaptive = target is not None
     if adaptive:
         header += ["batches", "to target s"]
     rows = []
