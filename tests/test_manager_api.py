@@ -339,3 +339,39 @@ def test_the_python_client_is_typed_and_waits_follows_and_reads_metrics(server, 
     families = {f.name for f in text_string_to_metric_families(client.metrics())}
     assert "elasticps_jobs" in families and "elasticps_decision_seconds" in families
     assert next(e.kind for e in client.events("from-file")) == "submitted"
+
+
+def test_the_openapi_schema_types_every_request_and_answer_a_client_needs(server):
+    """What a client generator needs: every job operation has a typed success answer
+    and typed errors, bodies have schemas, and every $ref resolves."""
+    http, _ = server
+    schema = http.get("/openapi.json").json()
+    components = schema["components"]["schemas"]
+    refs: list[str] = []
+
+    def collect(node) -> None:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                refs.append(node["$ref"])
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(schema["paths"])
+    assert refs and all(r.startswith("#/components/schemas/") and r.rsplit("/", 1)[1] in components for r in refs)
+    for path, ops in schema["paths"].items():
+        if not (path.startswith("/jobs") or path == "/events"):
+            continue
+        for method, op in ops.items():
+            ok = next(code for code in op["responses"] if code.startswith("2"))
+            answer = op["responses"][ok]["content"]["application/json"]["schema"]
+            assert "$ref" in answer or "$ref" in answer.get("items", {}), (method, path)
+            assert op["responses"]["404"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")
+            if method in ("post", "patch") and path in ("/jobs", "/jobs/{name}"):
+                body = op["requestBody"]["content"]
+                assert set(body) == {"application/json", "application/yaml"}, (method, path)
+    job_spec = components["JobSpec"]
+    assert {"name", "program", "ps", "workers", "runtime_env"} <= set(job_spec["properties"])
+    assert set(job_spec["required"]) == {"name", "program"}

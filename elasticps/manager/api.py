@@ -48,9 +48,34 @@ BODY_TYPES = {"application/json": "json", "application/yaml": "yaml"}
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 415)}
 
 
+#: Request bodies, read by hand (YAML or JSON), declared in the schema.
+BODY_MODELS: tuple[type[BaseModel], ...] = (JobSpec, LimitsPatch)
+
+
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    return {"requestBody": {"required": True, "content": {t: {"schema": schema} for t in BODY_TYPES}}}
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {t: {"schema": ref} for t in BODY_TYPES}}}
+
+
+def _with_body_models(app: FastAPI) -> None:
+    """Put the request-body models (and the models they use) into the schema's
+    components, where the bodies refer to them: FastAPI registers only the
+    models it reads or answers with itself."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in BODY_MODELS:
+                own = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                for name, sub in own.pop("$defs", {}).items():
+                    components.setdefault(name, sub)
+                components.setdefault(model.__name__, own)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _job_json(rec: JobRecord, manager: Manager) -> JobOut:
@@ -117,6 +142,7 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
     if not token:
         raise ConfigError("the API needs a token")
     app = FastAPI(title="elasticps manager", version="0.2.0")
+    _with_body_models(app)
     any_host = "*" in allowed_hosts
 
     @app.middleware("http")
