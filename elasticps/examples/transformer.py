@@ -13,6 +13,8 @@ stays exact for any shape.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -69,12 +71,17 @@ def program(
     seed: int = 0,
     max_batch_size: int | None = None,
     optimizer: str = "adamw",
+    width: int = 64,
+    layers: int = 2,
+    heads: int = 4,
 ) -> TrainingProgram:
-    """``optimizer``: ``adamw`` (lr 1e-3, weight decay 0.01) or ``sgd`` (lr 0.05, momentum 0.9)."""
+    """``optimizer``: ``adamw`` (lr 1e-3, weight decay 0.01) or ``sgd`` (lr 0.05,
+    momentum 0.9). The default model has 73k parameters; ``width=512, layers=6,
+    heads=8`` is 12.7M, the size of a small BERT-like encoder."""
     adam = optimizer == "adamw"
     return TrainingProgram(
         name="transformer",
-        model=Classifier,
+        model=partial(Classifier, width, layers, heads),
         dataset=lambda: Sequences(samples, seed=1000 + seed),
         eval_dataset=lambda: Sequences(1024, seed=2000 + seed),
         loss=nn.functional.cross_entropy,
