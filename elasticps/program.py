@@ -144,10 +144,6 @@ class TrainingProgram:
         opt = self.optimizer
         return opt if isinstance(opt, str) else f"{opt.__module__}.{opt.__qualname__}"
 
-    @property
-    def adaptive_batch(self) -> bool:
-        return self.max_batch_size is not None and self.max_batch_size > self.batch_size
-
     def check_batch(self, batch: int) -> int:
         """``batch`` if this program may train at it, else a ProgramError."""
         top = self.max_batch_size or self.batch_size

@@ -438,15 +438,16 @@ def cmd_client(args: argparse.Namespace) -> int:
 def _with_working_dir(text: str, directory: str) -> str:
     """The spec (YAML or JSON) with ``runtime_env.working_dir`` set to ``directory``
     (made absolute: the manager, on this machine, uploads it to the Ray cluster)."""
-    import yaml
+    from elasticps.errors import ConfigError
+    from elasticps.manager.spec import load_document
 
     path = Path(directory).resolve()
     if not path.is_dir():
         raise SystemExit(f"error: --working-dir {directory}: not a directory")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SystemExit(f"error: the job spec is not valid YAML or JSON: {exc}") from None
+        data = load_document(text, "yaml")  # YAML reads JSON too
+    except ConfigError as exc:
+        raise SystemExit(f"error: the job spec: {exc}") from None
     if not isinstance(data, dict):
         raise SystemExit("error: the job spec must be a mapping")
     env = data.get("runtime_env") or {}

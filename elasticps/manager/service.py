@@ -102,6 +102,11 @@ class _Live:
     batch: int | None = None  # the global batch last asked for (None: the program's)
     rescales_seen: int = 0  # rescale records already counted
 
+    @property
+    def batch_now(self) -> int | None:
+        """The global batch asked for last, else the one it reported (None: not yet known)."""
+        return self.batch or (self.status.batch_size if self.status is not None else None) or None
+
 
 def check_allowed(program: str, allowed: tuple[str, ...] | None) -> None:
     """ProgramError unless ``program``'s module is one of ``allowed`` or inside one of them."""
@@ -386,7 +391,7 @@ class Manager:
     # -- helpers (called with the lock held, except _drain)
     def _apply_batch(self, name: str, batch: int, now: float) -> None:
         live = self.live.get(name)
-        if live is None or live.status is None or batch == (live.batch or live.status.batch_size):
+        if live is None or live.status is None or batch == live.batch_now:
             return
         try:
             live.handle.set_batch_size(batch)
@@ -639,7 +644,7 @@ class Manager:
             explore=plan.explore,
             probes=plan.probes,
             batch_sizes=_batch_sizes(spec, info) if plan.speed_at is not None else (),  # none while switching
-            batch=(live.batch or live.status.batch_size or None) if live is not None and live.status else None,
+            batch=live.batch_now if live is not None else None,
             noise_scale=live.status.noise_scale if live is not None and live.status is not None else None,
             speed_at=plan.speed_at,
         )
@@ -676,9 +681,7 @@ def _task_resources(task: TaskSpec) -> TaskResources:
 
 def _batch_sizes(spec: JobSpec, info: ProgramInfo) -> tuple[int, ...]:
     """The global batches the scheduler may choose for a job (none: it is fixed)."""
-    if spec.mode != "sync" or not info.max_batch_size or info.max_batch_size <= info.batch_size:
-        return ()
-    return batch_candidates(info.batch_size, info.max_batch_size)
+    return batch_candidates(info.batch_size, info.max_batch_size) if spec.mode == "sync" else ()
 
 
 def _kind_of(rec: JobRecord) -> tuple:

@@ -22,9 +22,10 @@ def statistical_efficiency(batch: float, noise_scale: float | None, reference_ba
 
 def batch_candidates(base: int, top: int | None) -> tuple[int, ...]:
     """The global batches an adaptive job may train at: ``base`` doubled while at
-    most ``top``, and ``top`` (``(base,)`` when the batch is fixed)."""
-    if top is None or top <= base:
-        return (base,)
+    most ``top``, and ``top``; none when the batch is fixed (``top`` unset or
+    not above ``base``): what :attr:`JobView.batch_sizes` takes."""
+    if not top or top <= base:
+        return ()
     out = [base]
     while out[-1] * 2 < top:
         out.append(out[-1] * 2)

@@ -17,7 +17,7 @@ from dataclasses import replace
 from enum import StrEnum
 
 from elasticps.errors import ConfigError
-from elasticps.sched.goodput import statistical_efficiency
+from elasticps.sched.goodput import best_batch, statistical_efficiency
 from elasticps.sched.types import Decision, JobView
 
 DEFAULT_EFFICIENCY_THRESHOLD = 0.5
@@ -50,12 +50,12 @@ def best_batch_of(job: JobView, p: int, w: int, objective: Objective) -> tuple[i
     if not job.batch_sizes or job.speed_at is None:
         speed = max(0.0, float(job.speed(p, w)))
         return None, speed if objective is Objective.SPEED else speed * job.efficiency
-    best: tuple[int | None, float] = (None, -1.0)
-    for m in job.batch_sizes:
-        u = utility_at_batch(job, p, w, m, objective)
-        if u > best[1]:
-            best = (m, u)
-    return best
+    speed_at = job.speed_at
+    noise = None if objective is Objective.SPEED else job.noise_scale  # speed: every batch counts as efficient
+    batch, value = best_batch(
+        lambda m: max(0.0, float(speed_at(p, w, int(m)))), noise, job.batch_sizes[0], list(job.batch_sizes)
+    )
+    return int(batch), value
 
 
 def utility_at_batch(job: JobView, p: int, w: int, batch: int, objective: Objective) -> float:

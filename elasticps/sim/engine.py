@@ -119,7 +119,7 @@ def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_facto
         return 0.0
     total = 2.0 * job.kind.param_bytes * w
     cross = cross_node_bytes_per_step(placement, job.kind.param_bytes) / total if placement else 1.0
-    return kind_speed(job.kind, p, w, cross, local_factor, job.batch or None)
+    return kind_speed(job.kind, p, w, cross, local_factor, job.batch)
 
 
 def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: float, batch: int | None = None) -> float:
@@ -269,7 +269,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             waited_s=t - s.arrival_s if job.started is None else 0.0,
             explore=plan.explore,
             probes=plan.probes,
-            batch_sizes=batch_candidates(job.kind.batch, s.max_batch) if s.max_batch > job.kind.batch else (),
+            batch_sizes=batch_candidates(job.kind.batch, s.max_batch),
             batch=job.batch,
             noise_scale=noise_scale_at(s, job.done_share) if s.noise_scale > 0 else None,
             speed_at=plan.speed_at,
