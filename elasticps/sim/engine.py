@@ -194,17 +194,18 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     busy_cpu_s = avail_cpu_s = 0.0
     cross_bytes = 0.0
     done = 0
-    rates: dict[str, float] = {}
+    speeds: dict[str, float] = {}  # raw samples/s at the job's batch, set when it is scheduled
+    rates: dict[str, float] = {}  # progress: those samples/s x E(M) at that moment, in samples at the kind's batch
     gpu_placements = [0, 0]  # all-reduce jobs placed, and of them spread over more nodes than their shape needs
 
     def cluster_view() -> ClusterView:
         return ClusterView(tuple(NodeView(n, capacity, Resources(cpu=used)) for n, used in tenant.items()))
 
-    def rate_of(job: _Job) -> float:
-        """Progress in samples at the kind's batch per second."""
+    def speed_of(job: _Job) -> float:
+        """Raw samples/s at the job's batch, as placed."""
         if job.shape is None:
             return 0.0
-        return true_speed(job, *job.shape, job.placement, config.local_traffic_factor) * job.efficiency()
+        return true_speed(job, *job.shape, job.placement, config.local_traffic_factor)
 
     kind_models: dict[str, SpeedModel] = {}  # the fleet prior: one model per kind, from every job's reports
 
@@ -307,7 +308,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             batch = batches.get(jid, job.batch) if job.shape is not None else job.batch
             if batch != job.batch:  # at a step boundary: no new tasks, no pause
                 job.batch, job.batch_changes = batch, job.batch_changes + 1
-            rates[jid] = rate_of(job)
+            speeds[jid] = speed_of(job)
+            rates[jid] = speeds[jid] * job.efficiency()
 
     while done < len(arrivals):
         # the next event
@@ -327,7 +329,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             run = max(0.0, t_next - max(t, job.paused_until))
             r = rates.get(s.id, 0.0)
             job.remaining -= r * run
-            steps_per_s = r / job.efficiency() / job.batch
+            steps_per_s = speeds.get(s.id, 0.0) / job.batch
             cross_bytes += steps_per_s * run * cross_node_bytes_per_step(job.placement, job.kind.param_bytes)
         avail = sum(config.node_cpu - u for u in tenant.values())
         busy_cpu_s += used * dt
@@ -341,6 +343,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             job.finished, job.shape, job.placement = t, None, {}
             job.history.append((t, 0, 0))
             rates.pop(jid, None)
+            speeds.pop(jid, None)
             done += 1
         while ai < len(arrivals) and arrivals[ai].arrival_s <= t:
             spec = arrivals[ai]
@@ -356,12 +359,12 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             schedule()  # room changed: decide now
         if t >= next_tick:
             for job in active.values():
-                r = rates.get(job.spec.id, 0.0)
-                if job.shape is not None and r > 0 and t >= job.paused_until:
-                    observed = r * max(0.05, 1.0 + rng.gauss(0.0, config.noise))
+                speed = speeds.get(job.spec.id, 0.0)
+                if job.shape is not None and speed > 0 and t >= job.paused_until:
+                    # what the runtime reports: samples/s at its batch
+                    observed = speed * max(0.05, 1.0 + rng.gauss(0.0, config.noise))
                     nodes = len(set(job.placement.values())) or 1
-                    raw = observed / job.efficiency()  # what the runtime reports: samples/s at its batch
-                    job.observations.append(Observation(*job.shape, raw, nodes, job.batch))
+                    job.observations.append(Observation(*job.shape, observed, nodes, job.batch))
                     job.model.fit(job.observations[-50:])
             if config.fleet_prior:
                 by_kind: dict[str, list[Observation]] = {}
