@@ -141,8 +141,8 @@ class SpeedModel:
             return self
         groups: dict[tuple[int, int, int, int], list[float]] = {}  # step times of each (p, w, nodes, batch)
         for o in obs:
-            batch = o.batch or int(self.batch)
-            groups.setdefault((o.num_ps, o.num_workers, max(1, o.nodes), batch), []).append(batch / o.samples_per_s)
+            key = self._key(o)
+            groups.setdefault(key, []).append(key[3] / o.samples_per_s)
         keys = sorted(groups)
         x = np.asarray([self._features(*k) for k in keys])
         y = np.asarray([float(np.mean(groups[k])) for k in keys])
@@ -167,10 +167,10 @@ class SpeedModel:
             fitted = {k: float(np.dot(theta, row)) for k, row in zip(keys, x, strict=True)}
             resid = []  # each observation's relative miss of the fitted step time
             for o in obs:
-                batch = o.batch or int(self.batch)
-                step = fitted[(o.num_ps, o.num_workers, max(1, o.nodes), batch)]
+                key = self._key(o)
+                step = fitted[key]
                 if step > 0:
-                    resid.append((batch / o.samples_per_s - step) / step)
+                    resid.append((key[3] / o.samples_per_s - step) / step)
             noise = max(NOISE_FLOOR, math.sqrt(float(np.mean(np.square(resid)))) if resid else NOISE_FLOOR)
         self.theta, self.noise = theta, noise
         self.cov = np.linalg.pinv(a.T @ a)
@@ -179,6 +179,10 @@ class SpeedModel:
             self._seen.get((p, w, nodes)) or self._form(p, w, nodes, self.batch) for p, w, nodes, _ in keys
         )
         return self
+
+    def _key(self, o: Observation) -> tuple[int, int, int, int]:
+        """(p, w, nodes, batch) of an observation: one row of the fit."""
+        return o.num_ps, o.num_workers, max(1, o.nodes), o.batch or int(self.batch)
 
     def _form(self, p: int, w: int, nodes: int, batch: float) -> float:
         assert self.theta is not None
