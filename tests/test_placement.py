@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticps import ConfigError
-from elasticps.placement import PLACERS, cross_node_bytes_per_step, place
+from elasticps.placement import PLACERS, cross_node_bytes_per_step, fewest_nodes, place, room_left
 from elasticps.sched import ClusterView, NodeView, Resources
 from tests.builders import make_job, make_node
 
@@ -99,9 +99,64 @@ def test_a_job_that_does_not_fit_is_reported_not_half_placed():
 
 def test_a_running_job_with_the_same_shape_stays_put():
     job = make_job("j")
-    current = {"j": {"ps-0": "n2", "worker-0": "n2", "worker-1": "n0"}}
-    result = place([job], {"j": (1, 2)}, _cluster(8, 8, 8), current)
+    current = {"j": {"ps-0": "n2", "worker-0": "n2", "worker-1": "n2"}}
+    result = place([job], {"j": (1, 2)}, _cluster(8, 4, 8), current)  # n1 would be the best fit for a new job
     assert result.placement["j"] == current["j"] and result.moves == 0
+
+
+def test_a_kept_job_spread_wider_than_the_room_needs_is_compacted():
+    # kept with the same shape over n0 and n2, while n1 alone holds all 3 CPUs: moved there
+    job = make_job("j")
+    current = {"j": {"ps-0": "n2", "worker-0": "n2", "worker-1": "n0"}}
+    result = place([job], {"j": (1, 2)}, _cluster(8, 4, 8), current)
+    assert len(set(result.placement["j"].values())) == 1 and result.moves >= 1
+    # when no node holds it whole (2 CPUs free on each), it stays where it is
+    result = place([job], {"j": (1, 2)}, _cluster(2, 2, 2), current)
+    assert result.placement["j"] == current["j"] and result.moves == 0
+
+
+def test_a_gpu_job_placed_before_room_freed_moves_onto_one_node():
+    # g1 (4 GPUs) runs spread 2 + 2 over a and b because c was full; c's job has finished,
+    # so c (4 GPUs) takes g1 whole. fewest_nodes says the same from the room left.
+    gpu_worker = Resources(cpu=2.0, gpu=1.0)
+    g1 = make_job("g1", min_ps=0, max_ps=0, worker_resources=gpu_worker)
+    nodes = ClusterView(tuple(make_node(n, cpu=32, gpu=4) for n in "abc"))
+    current = {"g1": {"worker-0": "a", "worker-1": "a", "worker-2": "b", "worker-3": "b"}}
+    assert fewest_nodes(g1, 0, 4, room_left([g1], nodes, {})) == 1
+    placed = place([g1], {"g1": (0, 4)}, nodes, current).placement["g1"]
+    assert len(set(placed.values())) == 1
+
+
+@st.composite
+def gpu_scenarios(draw):
+    nodes = tuple(
+        NodeView(
+            f"n{i}", Resources(cpu=32.0, gpu=4.0, memory_gb=64.0), Resources(cpu=draw(st.sampled_from([0, 8, 24])))
+        )
+        for i in range(draw(st.integers(2, 6)))
+    )
+    gpu_worker = Resources(cpu=4.0, gpu=1.0, memory_gb=8.0)
+    jobs = [make_job(f"g{i}", min_ps=0, max_ps=0, worker_resources=gpu_worker) for i in range(draw(st.integers(1, 6)))]
+    decision = {j.id: (0, draw(st.integers(1, 8))) for j in jobs}
+    current = {}
+    for j in jobs:  # some run already, anywhere (possibly spread)
+        if draw(st.booleans()):
+            current[j.id] = {f"worker-{k}": draw(st.sampled_from(nodes)).name for k in range(decision[j.id][1])}
+    return jobs, decision, ClusterView(nodes), current
+
+
+@settings(deadline=None)
+@given(scenario=gpu_scenarios())
+def test_no_gpu_job_spans_more_nodes_than_the_room_left_needs(scenario):
+    jobs, decision, cluster, current = scenario
+    result = place(jobs, decision, cluster, current)
+    left = room_left(jobs, cluster, result.placement)
+    by_id = {j.id: j for j in jobs}
+    for job_id, placed in result.placement.items():
+        free = dict(left)
+        for node in placed.values():
+            free[node] = free[node] + by_id[job_id].worker_resources
+        assert len(set(placed.values())) <= fewest_nodes(by_id[job_id], *decision[job_id], free)
 
 
 def test_other_tenants_room_is_respected():

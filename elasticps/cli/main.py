@@ -210,6 +210,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             rescale_pause_s=args.rescale_pause_s,
             policy=policy,
             objective=objective,
+            **({} if args.efficiency_threshold is None else {"efficiency_threshold": args.efficiency_threshold}),
             placement=args.placement,
             fleet_prior=not args.no_fleet_prior,
             seed=args.seed,
@@ -290,7 +291,9 @@ def cmd_server(args: argparse.Namespace) -> int:
     from elasticps.raycluster import ensure_ray
 
     ensure_ray(args.ray_address, num_cpus=args.num_cpus)
-    options = {"rescale_cost_s": args.rescale_cost_s} if args.rescale_cost_s is not None else {}
+    options: dict[str, float] = {"rescale_cost_s": args.rescale_cost_s} if args.rescale_cost_s is not None else {}
+    if args.efficiency_threshold is not None:
+        options["efficiency_threshold"] = args.efficiency_threshold
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
         Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options,
@@ -498,6 +501,10 @@ OBJECTIVE_HELP = (
     "goodput (default): progress per second (samples/s x statistical efficiency); speed: samples/s; "
     "efficiency: goodput, growing a job only while it scales well"
 )
+THRESHOLD_HELP = (
+    "efficiency objective: a job grows only while its relative gain per relative growth in tasks stays at or "
+    "above this (default 0.5; 1.0 is linear scaling)"
+)
 PLACEMENT_HELP = "locality (default): fewest PS bytes across nodes; spread, pack, optimus: the classic rules"
 
 
@@ -622,6 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--objective", default="goodput", choices=["goodput", "speed", "efficiency"], help=OBJECTIVE_HELP
     )
+    server.add_argument("--efficiency-threshold", type=float, help=THRESHOLD_HELP)
     server.add_argument(
         "--placement", default="locality", choices=["locality", "spread", "pack", "optimus"], help=PLACEMENT_HELP
     )
@@ -707,6 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="oracle: elastic's decisions knowing every job's true speed (the bound to measure against)",
     )  # fmt: skip
     sim.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"], help=OBJECTIVE_HELP)
+    sim.add_argument("--efficiency-threshold", type=float, help=THRESHOLD_HELP)
     sim.add_argument(
         "--placement", default="locality", choices=["locality", "spread", "pack", "optimus"], help=PLACEMENT_HELP
     )

@@ -6,8 +6,19 @@ from elasticps.placement.core import (
     JobPlacement,
     PlacementResult,
     cross_node_bytes_per_step,
+    fewest_nodes,
     make_placer,
     place,
+    room_left,
 )
 
-__all__ = ["PLACERS", "JobPlacement", "PlacementResult", "cross_node_bytes_per_step", "make_placer", "place"]
+__all__ = [
+    "PLACERS",
+    "JobPlacement",
+    "PlacementResult",
+    "cross_node_bytes_per_step",
+    "fewest_nodes",
+    "make_placer",
+    "place",
+    "room_left",
+]

@@ -16,7 +16,8 @@ Placers (same protocol, ``placer(jobs, decision, cluster, current) -> PlacementR
 - ``locality`` (the project's): one node if the job fits on one (best fit, to
   keep large holes for large jobs); else the fewest nodes, fullest first, with
   PS shards in proportion to the workers on each node; a running job whose
-  shape did not change stays where it is.
+  shape did not change stays where it is, unless it spans more nodes than the
+  room left would let it (then it is moved onto fewer: compaction).
 - ``spread``: every task on the node with the most room left (like Ray's SPREAD).
 - ``pack``: every task on the first node with room (first fit).
 - ``optimus``: the fewest nodes that take an equal number of PS and workers each.
@@ -70,11 +71,28 @@ class _Room:
 
     def count_fit(self, node: str, r: Resources) -> int:
         """How many of ``r`` fit on ``node`` now."""
-        f = self.free[node]
-        counts = [
-            int((a + 1e-9) // b) for a, b in ((f.cpu, r.cpu), (f.gpu, r.gpu), (f.memory_gb, r.memory_gb)) if b > 0
-        ]
-        return min(counts) if counts else 1 << 30
+        return _count_fit(self.free[node], r)
+
+
+def _count_fit(free: Resources, r: Resources) -> int:
+    counts = [
+        int((a + 1e-9) // b) for a, b in ((free.cpu, r.cpu), (free.gpu, r.gpu), (free.memory_gb, r.memory_gb)) if b > 0
+    ]
+    return min(counts) if counts else 1 << 30
+
+
+def task_resources(job: JobView, task: str) -> Resources:
+    return job.ps_resources if task.startswith("ps-") else job.worker_resources
+
+
+def room_left(jobs: list[JobView], cluster: ClusterView, placement: dict[str, JobPlacement]) -> dict[str, Resources]:
+    """Per node, what is free once every task of ``placement`` is on it."""
+    by_id = {j.id: j for j in jobs}
+    free = {n.name: n.available for n in cluster.nodes}
+    for job_id, where in placement.items():
+        for task, node in where.items():
+            free[node] = free[node] - task_resources(by_id[job_id], task)
+    return free
 
 
 def _names(p: int, w: int) -> tuple[list[str], list[str]]:
@@ -163,6 +181,23 @@ def dominant(job: JobView) -> Callable[[Resources], float]:
     return lambda r: r.cpu
 
 
+def fewest_nodes(job: JobView, p: int, w: int, free: dict[str, Resources]) -> int | None:
+    """The fewest nodes of ``free`` that hold the shape, counting a worker with
+    its share of the PS shards as one unit (``None``: it does not fit at all).
+    Exact for jobs without PS (identical units: the roomiest nodes first is
+    optimal); for PS jobs it is the count the proportional plan aims for."""
+    if w == 0:
+        return 1 if any(job.resources(p, 0).fits_in(f) for f in free.values()) else None
+    unit = job.worker_resources + job.ps_resources.scaled(p / w)
+    counts = sorted((_count_fit(f, unit) for f in free.values()), reverse=True)
+    left = w
+    for used, k in enumerate(counts, start=1):
+        left -= k
+        if left <= 0:
+            return used
+    return None
+
+
 def _locality(job: JobView, p: int, w: int, room: _Room, prefer: set[str]) -> JobPlacement | None:
     need = job.resources(p, w)
     amount = dominant(job)
@@ -172,8 +207,11 @@ def _locality(job: JobView, p: int, w: int, room: _Room, prefer: set[str]) -> Jo
         best = min(whole, key=lambda n: (n not in prefer, amount(room.free[n] - need), room.order.index(n)))
         return _assign(job, [(best, p, w)], room)
     # 2. the fewest nodes: fill the roomiest first with workers, then shards in proportion
-    nodes = sorted(room.order, key=lambda n: (n not in prefer, -amount(room.free[n]), room.order.index(n)))
     unit = job.worker_resources + job.ps_resources.scaled(p / max(w, 1))  # a worker and its share of PS
+    nodes = sorted(
+        room.order,
+        key=lambda n: (n not in prefer, -room.count_fit(n, unit), -amount(room.free[n]), room.order.index(n)),
+    )
     plan_w: list[tuple[str, int]] = []
     left = w
     for n in nodes:
@@ -255,9 +293,52 @@ def place(
             result.unplaceable.append(job.id)
             continue
         result.placement[job.id] = placed
-        old = current.get(job.id, {})
+    if method == "locality":
+        _compact(jobs, decision, cluster, room, result)
+    for job_id, placed in result.placement.items():
+        old = current.get(job_id, {})
         result.moves += sum(1 for t, n in placed.items() if t in old and old[t] != n)
     return result
+
+
+def _compact(
+    jobs: list[JobView], decision: Decision, cluster: ClusterView, room: _Room, result: PlacementResult
+) -> None:
+    """Move a job that spans more nodes than the room left (plus its own) would
+    need onto fewer nodes, biggest jobs first. A job kept in place because its
+    shape did not change, or placed before others finished, can otherwise stay
+    spread while whole nodes sit free: for all-reduce jobs that is the
+    cross-node penalty paid for nothing."""
+    by_id = {j.id: j for j in jobs}
+    order = sorted(
+        result.placement, key=lambda j: (-by_id[j].resources(*decision[j]).dominant_share(cluster.capacity), j)
+    )
+    moved = True
+    while moved:  # a move frees room another job may use; each move lowers the total span, so this ends
+        moved = False
+        for job_id in order:
+            moved |= _compact_one(by_id[job_id], decision[job_id], room, result)
+
+
+def _compact_one(job: JobView, shape: tuple[int, int], room: _Room, result: PlacementResult) -> bool:
+    placed = result.placement[job.id]
+    spans = len(set(placed.values()))
+    if spans <= 1:
+        return False
+    held = [(n, task_resources(job, t)) for t, n in placed.items()]
+    for n, r in held:
+        room.give(n, r)
+    need = fewest_nodes(job, *shape, room.free)
+    again = _locality(job, *shape, room, set()) if need and need < spans else None
+    if again is not None and len(set(again.values())) < spans:
+        result.placement[job.id] = again
+        return True
+    if again is not None:
+        for t, n in again.items():
+            room.give(n, task_resources(job, t))
+    for n, r in held:
+        room.take(n, r)
+    return False
 
 
 def _shape_of(placement: JobPlacement) -> tuple[int, int]:
@@ -267,7 +348,7 @@ def _shape_of(placement: JobPlacement) -> tuple[int, int]:
 def _keep(job: JobView, old: JobPlacement, room: _Room) -> bool:
     taken: list[tuple[str, Resources]] = []
     for task, node in old.items():
-        r = job.ps_resources if task.startswith("ps-") else job.worker_resources
+        r = task_resources(job, task)
         if node not in room.free or not room.take(node, r):
             for n, rr in taken:
                 room.give(n, rr)

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticps.errors import ConfigError
-from elasticps.placement import cross_node_bytes_per_step, place
+from elasticps.placement import cross_node_bytes_per_step, fewest_nodes, place, room_left
 from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
 from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.goodput import batch_candidates, statistical_efficiency
-from elasticps.sched.objectives import batches_for
+from elasticps.sched.objectives import DEFAULT_EFFICIENCY_THRESHOLD, batches_for
 from elasticps.sched.policies import make_policy
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
@@ -58,6 +58,7 @@ class SimConfig:
     rescale_pause_s: float = 30.0
     policy: str = "elastic"
     objective: str = "goodput"
+    efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD
     placement: str = "locality"
     noise: float = 0.05
     local_traffic_factor: float = 0.25
@@ -177,7 +178,10 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     oracle = config.policy == ORACLE
     # the oracle decides with the elastic policy's code; only what it knows differs
     policy = make_policy(
-        "elastic" if oracle else config.policy, objective=config.objective, rescale_cost_s=config.rescale_pause_s
+        "elastic" if oracle else config.policy,
+        objective=config.objective,
+        rescale_cost_s=config.rescale_pause_s,
+        efficiency_threshold=config.efficiency_threshold,
     )
     state = PolicyState()
     capacity = Resources(cpu=config.node_cpu, gpu=config.node_gpu, memory_gb=config.node_memory_gb)
@@ -196,7 +200,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     done = 0
     speeds: dict[str, float] = {}  # raw samples/s at the job's batch, set when it is scheduled
     rates: dict[str, float] = {}  # progress: those samples/s x E(M) at that moment, in samples at the kind's batch
-    gpu_placements = [0, 0]  # all-reduce jobs placed, and of them spread over more nodes than their shape needs
+    # all-reduce jobs placed; of them, spread over more nodes than their shape needs;
+    # and of those, spread while the room left (with their own) held them on fewer
+    gpu_placements = [0, 0, 0]
 
     def cluster_view() -> ClusterView:
         return ClusterView(tuple(NodeView(n, capacity, Resources(cpu=used)) for n, used in tenant.items()))
@@ -287,11 +293,21 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             views, decision, cluster, {j: active[j].placement for j in active if active[j].shape}, config.placement
         )
         decision_times.append(time.perf_counter() - t0)
+        left = room_left(views, cluster, placed.placement)
+        by_id = {v.id: v for v in views}
         for job in active.values():
-            where = placed.placement.get(job.spec.id)
-            if job.kind.allreduce and where and job.spec.id in decision:
-                gpu_placements[0] += 1
-                gpu_placements[1] += len(set(where.values())) > span_of(job.spec)(*decision[job.spec.id])
+            jid = job.spec.id
+            where = placed.placement.get(jid)
+            if not (job.kind.allreduce and where and jid in decision):
+                continue
+            spans = len(set(where.values()))
+            gpu_placements[0] += 1
+            if spans > span_of(job.spec)(*decision[jid]):
+                gpu_placements[1] += 1
+                free = dict(left)
+                for node in where.values():  # all-reduce: workers only
+                    free[node] = free[node] + by_id[jid].worker_resources
+                gpu_placements[2] += (fewest_nodes(by_id[jid], *decision[jid], free) or spans) < spans
         for job in active.values():
             jid = job.spec.id
             new_shape = decision.get(jid) if jid in placed.placement else None
@@ -397,6 +413,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     }
     if gpu_placements[0]:
         metrics["gpu_jobs_over_spread"] = gpu_placements[1] / gpu_placements[0]
+        metrics["gpu_jobs_avoidably_spread"] = gpu_placements[2] / gpu_placements[0]
     cfg = {k: getattr(config, k) for k in config.__dataclass_fields__}
     return SimResult(cfg, metrics, jct, util_series, {j: jobs[j].history for j in jobs})
 

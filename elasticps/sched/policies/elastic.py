@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+from elasticps.errors import ConfigError
 from elasticps.sched.objectives import (
     DEFAULT_EFFICIENCY_THRESHOLD,
     Objective,
@@ -61,6 +62,8 @@ class ElasticPolicy:
         self.rescale_cost_s = rescale_cost_s
         self.cost_factor = cost_factor
         self.shrink_rounds = shrink_rounds
+        if not efficiency_threshold > 0:
+            raise ConfigError(f"efficiency threshold must be above 0, got {efficiency_threshold:g}")
         self.efficiency_threshold = efficiency_threshold
         self.time_weight = time_weight
         self.ageing_s = ageing_s
