@@ -72,6 +72,8 @@ def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
     assert all(j["batches"] == [128] for r in out.values() for j in r.jobs.values())  # a fixed batch here
     epochs = out["static"].jobs["cnn-1"]
     assert epochs["time_to_target_s"] is None or 0 < epochs["time_to_target_s"] <= epochs["total_s"]
+    assert (epochs["epochs_to_target"] is None) == (epochs["time_to_target_s"] is None)
+    assert epochs["epochs_to_target"] is None or 1 <= epochs["epochs_to_target"] <= epochs["epochs"]
     assert any("other tenants freed" in line for line in lines)  # progress was printed as it happened
     page = report.write_html(out, tmp_path / "report.html", text, {"epochs": setup.epochs}).read_text()
     assert page.count("data:image/png;base64,") == 4
@@ -79,3 +81,13 @@ def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
     assert back["elastic"].jobs.keys() == out["elastic"].jobs.keys()
     assert len(back["static"].timeline) == len(out["static"].timeline)
     assert back["elastic"].rounds == [(t, {n: list(s) for n, s in d.items()}) for t, d in out["elastic"].rounds]
+
+
+def test_time_and_epochs_to_target_count_to_the_first_epoch_at_the_target():
+    from types import SimpleNamespace
+
+    epochs = [SimpleNamespace(elapsed_s=2.0, metric=m) for m in (0.5, None, 0.97, 0.99, 0.96, 0.995)]
+    assert experiment.epochs_to_target(epochs, 0.98) == 4
+    assert experiment.time_to_target(epochs, 0.98, started_s=10.0) == 18.0  # 10 s start-up + 4 epochs of 2 s
+    assert experiment.epochs_to_target(epochs, 0.999) is None
+    assert experiment.time_to_target(epochs, 0.999, 10.0) is None

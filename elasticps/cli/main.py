@@ -54,6 +54,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     if objectives:
         setup = replace(setup, max_batch_size=args.max_batch)
+        if args.target is not None:
+            if not 0.0 < args.target <= 1.0:
+                print(f"error: --target is an accuracy, 0..1, got {args.target:g}", file=sys.stderr)
+                return 2
+            setup = replace(setup, target_accuracy=args.target)
     results = experiment.run(setup, policies, objectives=objectives)
     text = experiment.table(results, setup.target_accuracy if objectives else None)
     print()
@@ -524,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the jobs' batch adaptive up to --max-batch",
     )
     demo.add_argument("--max-batch", type=int, default=512, help="with --objectives: the jobs' largest global batch")
+    demo.add_argument(
+        "--target", type=float, help="with --objectives: the test accuracy time to target is measured to (default 0.98)"
+    )
     demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
     demo.add_argument(
         "--tenant-s", type=float, help="the other tenant leaves this long after every job ran (default 15)"

@@ -250,6 +250,7 @@ def _result(policy: str, manager: Manager, t0: float, timeline: list[Sample], se
         started = rec.updated_at - rec.submitted_at - sum(e.elapsed_s for e in epochs)  # waiting and start-up
         jobs[rec.name] = {
             "time_to_target_s": time_to_target(epochs, setup.target_accuracy, started),
+            "epochs_to_target": epochs_to_target(epochs, setup.target_accuracy),
             "batches": sorted({w.batch_size for w in report.windows if w.batch_size}),
             "epochs": len(epochs),
             "mean_epoch_s": round(sum(e.elapsed_s for e in epochs) / len(epochs), 3),
@@ -287,6 +288,12 @@ def time_to_target(epochs: list, target: float, started_s: float) -> float | Non
     return None
 
 
+def epochs_to_target(epochs: list, target: float) -> int | None:
+    """How many epochs until the metric first reached ``target`` (None: never):
+    the statistical side of time to target, free of how fast the machine was."""
+    return next((i for i, e in enumerate(epochs, 1) if e.metric is not None and e.metric >= target), None)
+
+
 def _cpu_seconds(allocations: list[tuple[float, int, int, dict]], end: float) -> float:
     """CPU-seconds a job held (1 CPU per task) from its allocation history."""
     total = 0.0
@@ -320,7 +327,7 @@ def table(results: dict[str, ScenarioResult], target: float | None = None) -> st
     header = ["job", "policy", "shapes (PSxW)", "epoch s", "total s", "accuracy", "mean CPUs", "utilization"]
     adaptive = target is not None
     if adaptive:
-        header += ["batches", "to target s"]
+        header += ["batches", "to target s", "epochs to target"]
     rows = []
     names = sorted({n for r in results.values() for n in r.jobs})
     for name in names:
@@ -337,7 +344,15 @@ def table(results: dict[str, ScenarioResult], target: float | None = None) -> st
                     f"{j['mean_cpus']:.2f}",
                     f"{j['mean_utilization']:.0%}",
                 ]
-                + ([",".join(map(str, j.get("batches", []))), _secs(j.get("time_to_target_s"))] if adaptive else [])
+                + (
+                    [
+                        ",".join(map(str, j.get("batches", []))),
+                        _secs(j.get("time_to_target_s")),
+                        str(j.get("epochs_to_target") or "never"),
+                    ]
+                    if adaptive
+                    else []
+                )
             )
     lines = [format_table(rows, header), ""]
     if adaptive:
