@@ -267,8 +267,9 @@ class Manager:
             now = self.clock()
             self._collect(now)
             records = [r for r in self.store.list_jobs(ACTIVE) if r.name in self.live or self._may_start(r.name, now)]
-            priors = self._fleet_priors()
-            views = [v for v in (self._view(r, now, priors) for r in records) if v is not None]
+            observed: dict[str, list[Observation]] = {}  # this round's reads: each job's read once
+            priors = self._fleet_priors(observed)
+            views = [v for v in (self._view(r, now, priors, observed) for r in records) if v is not None]
             cluster = self.capacity.view(self._ours())
             self._note_unfit(views, cluster, now)
             started = time.perf_counter()
@@ -586,7 +587,16 @@ class Manager:
         self.store.set_info(rec.name, info)
         return info
 
-    def _fleet_priors(self) -> dict[tuple, SpeedModel]:
+    def _observations(self, name: str, observed: dict[str, list[Observation]] | None) -> list[Observation]:
+        """A job's stored speed observations, read once per round through ``observed``."""
+        if observed is not None and name in observed:
+            return observed[name]
+        obs = [Observation(p, w, s, batch=b) for p, w, s, b in self.store.observations(name)]
+        if observed is not None:
+            observed[name] = obs
+        return obs
+
+    def _fleet_priors(self, observed: dict[str, list[Observation]] | None = None) -> dict[tuple, SpeedModel]:
         """A speed model per kind of job (same program, batch, mode and task
         sizes: the same speed function), fitted on the latest observations of
         every job of that kind, running or ended: what the simulator's fleet
@@ -597,21 +607,25 @@ class Manager:
             if rec.info is None:
                 continue
             key = _kind_of(rec)
-            obs = [Observation(p, w, s, batch=b) for p, w, s, b in self.store.observations(rec.name)[-PRIOR_PER_JOB:]]
+            obs = self._observations(rec.name, observed)[-PRIOR_PER_JOB:]
             pooled.setdefault(key, []).extend(obs)
             batches[key] = (rec.info.batch_size, rec.spec.mode)
         return {key: SpeedModel(*batches[key]).fit(obs[-PRIOR_TOTAL:]) for key, obs in pooled.items() if obs}
 
-    def _view(self, rec: JobRecord, now: float, priors: dict[tuple, SpeedModel] | None = None) -> JobView | None:
+    def _view(
+        self,
+        rec: JobRecord,
+        now: float,
+        priors: dict[tuple, SpeedModel] | None = None,
+        observed: dict[str, list[Observation]] | None = None,
+    ) -> JobView | None:
         info = self._info(rec, now)
         if info is None:
             return None
         spec = rec.spec
         live = self.live.get(rec.name)
         share = live.compute_share if live is not None else None
-        model = SpeedModel(info.batch_size, spec.mode, compute_share=share).fit(
-            [Observation(p, w, s, batch=b) for p, w, s, b in self.store.observations(rec.name)]
-        )
+        model = SpeedModel(info.batch_size, spec.mode, compute_share=share).fit(self._observations(rec.name, observed))
         current = None
         remaining = float(info.epochs * info.samples_per_epoch)
         if live is not None:
