@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from elasticps import ConfigError
-from elasticps.placement import PLACERS, cross_node_bytes_per_step, fewest_nodes, place, room_left
+from elasticps.placement import PLACERS, cross_node_bytes_per_step, fewest_nodes, place, room_left, with_own_room
 from elasticps.sched import ClusterView, NodeView, Resources
 from tests.builders import make_job, make_node
 
@@ -153,9 +153,7 @@ def test_no_gpu_job_spans_more_nodes_than_the_room_left_needs(scenario):
     left = room_left(jobs, cluster, result.placement)
     by_id = {j.id: j for j in jobs}
     for job_id, placed in result.placement.items():
-        free = dict(left)
-        for node in placed.values():
-            free[node] = free[node] + by_id[job_id].worker_resources
+        free = with_own_room(by_id[job_id], placed, left)
         assert len(set(placed.values())) <= fewest_nodes(by_id[job_id], *decision[job_id], free)
 
 

@@ -587,16 +587,13 @@ class Manager:
         self.store.set_info(rec.name, info)
         return info
 
-    def _observations(self, name: str, observed: dict[str, list[Observation]] | None) -> list[Observation]:
-        """A job's stored speed observations, read once per round through ``observed``."""
-        if observed is not None and name in observed:
-            return observed[name]
-        obs = [Observation(p, w, s, batch=b) for p, w, s, b in self.store.observations(name)]
-        if observed is not None:
-            observed[name] = obs
-        return obs
+    def _observations(self, name: str, observed: dict[str, list[Observation]]) -> list[Observation]:
+        """A job's stored speed observations, read once per round: ``observed`` holds the round's reads."""
+        if name not in observed:
+            observed[name] = [Observation(p, w, s, batch=b) for p, w, s, b in self.store.observations(name)]
+        return observed[name]
 
-    def _fleet_priors(self, observed: dict[str, list[Observation]] | None = None) -> dict[tuple, SpeedModel]:
+    def _fleet_priors(self, observed: dict[str, list[Observation]]) -> dict[tuple, SpeedModel]:
         """A speed model per kind of job (same program, batch, mode and task
         sizes: the same speed function), fitted on the latest observations of
         every job of that kind, running or ended: what the simulator's fleet
@@ -616,8 +613,8 @@ class Manager:
         self,
         rec: JobRecord,
         now: float,
-        priors: dict[tuple, SpeedModel] | None = None,
-        observed: dict[str, list[Observation]] | None = None,
+        priors: dict[tuple, SpeedModel],
+        observed: dict[str, list[Observation]],
     ) -> JobView | None:
         info = self._info(rec, now)
         if info is None:
@@ -638,9 +635,7 @@ class Manager:
             (p, w) = live.asked
             plan = ViewPlan(model.predict, ShapeLimits(p, p, w, w))
         else:
-            plan = plan_view(
-                model, limits, current, prior=(priors or {}).get(_kind_of(rec))
-            )  # the simulator's rule too
+            plan = plan_view(model, limits, current, prior=priors.get(_kind_of(rec)))  # the simulator's rule too
         return JobView(
             id=rec.name,
             speed=plan.speed,

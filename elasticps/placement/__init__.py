@@ -10,6 +10,7 @@ from elasticps.placement.core import (
     make_placer,
     place,
     room_left,
+    with_own_room,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "make_placer",
     "place",
     "room_left",
+    "with_own_room",
 ]

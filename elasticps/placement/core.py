@@ -95,6 +95,14 @@ def room_left(jobs: list[JobView], cluster: ClusterView, placement: dict[str, Jo
     return free
 
 
+def with_own_room(job: JobView, where: JobPlacement, free: dict[str, Resources]) -> dict[str, Resources]:
+    """``free`` (e.g. :func:`room_left`) with what ``job``'s tasks at ``where`` hold given back."""
+    out = dict(free)
+    for task, node in where.items():
+        out[node] = out[node] + task_resources(job, task)
+    return out
+
+
 def _names(p: int, w: int) -> tuple[list[str], list[str]]:
     return [f"ps-{i}" for i in range(p)], [f"worker-{i}" for i in range(w)]
 
@@ -281,7 +289,7 @@ def place(
             result.placement[job_id] = dict(old)
             continue
         todo.append(job)
-    todo.sort(key=lambda j: (-j.resources(*decision[j.id]).dominant_share(cluster.capacity), j.id))
+    todo.sort(key=_biggest_first(decision, cluster))
     for job in todo:
         p, w = decision[job.id]
         prefer = set(current.get(job.id, {}).values())
@@ -310,9 +318,7 @@ def _compact(
     spread while whole nodes sit free: for all-reduce jobs that is the
     cross-node penalty paid for nothing."""
     by_id = {j.id: j for j in jobs}
-    order = sorted(
-        result.placement, key=lambda j: (-by_id[j].resources(*decision[j]).dominant_share(cluster.capacity), j)
-    )
+    order = [j.id for j in sorted((by_id[i] for i in result.placement), key=_biggest_first(decision, cluster))]
     moved = True
     while moved:  # a move frees room another job may use; each move lowers the total span, so this ends
         moved = False
@@ -339,6 +345,11 @@ def _compact_one(job: JobView, shape: tuple[int, int], room: _Room, result: Plac
     for n, r in held:
         room.take(n, r)
     return False
+
+
+def _biggest_first(decision: Decision, cluster: ClusterView) -> Callable[[JobView], tuple[float, str]]:
+    """Sort key: the largest dominant share of the cluster first, ties by id."""
+    return lambda j: (-j.resources(*decision[j.id]).dominant_share(cluster.capacity), j.id)
 
 
 def _shape_of(placement: JobPlacement) -> tuple[int, int]:

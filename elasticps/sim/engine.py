@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticps.errors import ConfigError
-from elasticps.placement import cross_node_bytes_per_step, fewest_nodes, place, room_left
+from elasticps.placement import cross_node_bytes_per_step, fewest_nodes, place, room_left, with_own_room
 from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
 from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.goodput import batch_candidates, statistical_efficiency
@@ -293,7 +293,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             views, decision, cluster, {j: active[j].placement for j in active if active[j].shape}, config.placement
         )
         decision_times.append(time.perf_counter() - t0)
-        left = room_left(views, cluster, placed.placement)
+        left: dict[str, Resources] | None = None  # the room left once placed: worked out if a GPU job is spread
         by_id = {v.id: v for v in views}
         for job in active.values():
             jid = job.spec.id
@@ -304,9 +304,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             gpu_placements[0] += 1
             if spans > span_of(job.spec)(*decision[jid]):
                 gpu_placements[1] += 1
-                free = dict(left)
-                for node in where.values():  # all-reduce: workers only
-                    free[node] = free[node] + by_id[jid].worker_resources
+                left = left if left is not None else room_left(views, cluster, placed.placement)
+                free = with_own_room(by_id[jid], where, left)
                 gpu_placements[2] += (fewest_nodes(by_id[jid], *decision[jid], free) or spans) < spans
         for job in active.values():
             jid = job.spec.id
