@@ -69,6 +69,7 @@ def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
     assert "static: makespan" in text and "elastic: makespan" in text and "to target" not in text
     with_target = experiment.table(out, 0.95)  # what `demo --objectives` prints
     assert "to target s: from submission to the end of the first epoch at accuracy >= 0.95" in with_target
+    assert "static: over 1 run(s)" in with_target and "elastic: over 1 run(s)" in with_target
     assert all(j["batches"] == [128] for r in out.values() for j in r.jobs.values())  # a fixed batch here
     epochs = out["static"].jobs["cnn-1"]
     assert epochs["time_to_target_s"] is None or 0 < epochs["time_to_target_s"] <= epochs["total_s"]
@@ -91,3 +92,41 @@ def test_time_and_epochs_to_target_count_to_the_first_epoch_at_the_target():
     assert experiment.time_to_target(epochs, 0.98, started_s=10.0) == 18.0  # 10 s start-up + 4 epochs of 2 s
     assert experiment.epochs_to_target(epochs, 0.999) is None
     assert experiment.time_to_target(epochs, 0.999, 10.0) is None
+
+
+def test_repeated_runs_rotate_so_no_run_is_always_first_on_a_cold_machine():
+    runs = [("elastic", "goodput", "goodput"), ("elastic", "speed", "speed"), ("elastic", "efficiency", "efficiency")]
+    assert [k for k, _ in experiment.run_order(runs, 1)] == ["goodput", "speed", "efficiency"]
+    keys = [k for k, _ in experiment.run_order(runs, 3)]
+    assert keys[::3] == ["goodput #1", "speed #2", "efficiency #3"]  # each first once
+    assert sorted(keys) == sorted(f"{r[-1]} #{k}" for r in runs for k in (1, 2, 3))
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        experiment.run(objectives=("goodput",), repeats=0)
+
+
+def test_target_summary_takes_medians_over_runs_and_counts_runs_that_missed():
+    def result(to_target: list[float | None], trained: list[float | None], epochs: list[int | None]):
+        jobs = {
+            f"cnn-{i}": {"time_to_target_s": a, "trained_to_target_s": b, "epochs_to_target": e}
+            for i, (a, b, e) in enumerate(zip(to_target, trained, epochs, strict=True))
+        }
+        return experiment.ScenarioResult(policy="elastic", jobs=jobs, makespan_s=100.0)
+
+    out = {
+        "goodput #1": result([40.0, 50.0], [20.0, 30.0], [8, 12]),
+        "speed #1": result([30.0, 34.0], [22.0, 26.0], [14, 16]),
+        "goodput #2": result([60.0, 70.0], [22.0, 32.0], [8, 10]),
+        "speed #2": result([None, 30.0], [None, 20.0], [None, 15]),
+        "goodput #3": result([44.0, 48.0], [18.0, 20.0], [9, 9]),
+    }
+    s = experiment.target_summary(out)
+    assert s["goodput"] == {
+        "runs": 3, "reached": 3, "to_target_s": 46.0, "trained_to_target_s": 25.0,
+        "epochs_to_target": 9.0, "makespan_s": 100.0,
+    }  # fmt: skip
+    assert s["speed"]["runs"] == 2 and s["speed"]["reached"] == 1 and s["speed"]["to_target_s"] == 32.0
+    lines = experiment.summary_lines(out)
+    assert lines[0] == (
+        "goodput: over 3 run(s), 3 with every job at the target; medians of the jobs' means: "
+        "to target 46.0 s, trained 25.0 s, epochs 9.0"
+    )

@@ -59,14 +59,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(f"error: --target is an accuracy, 0..1, got {args.target:g}", file=sys.stderr)
                 return 2
             setup = replace(setup, target_accuracy=args.target)
-    results = experiment.run(setup, policies, objectives=objectives)
+    if args.repeats < 1:
+        print(f"error: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
+        return 2
+    results = experiment.run(setup, policies, objectives=objectives, repeats=args.repeats)
     text = experiment.table(results, setup.target_accuracy if objectives else None)
     print()
     print(text)
     html_path = report.write_html(results, Path(args.html), text, asdict(setup))
     print(f"report: {html_path}")
     if args.json:
-        figures = {"setup": asdict(setup), "results": {p: r.to_dict() for p, r in results.items()}}
+        figures = {
+            "setup": asdict(setup),
+            "summary": experiment.target_summary(results) if objectives else None,
+            "results": {p: r.to_dict() for p, r in results.items()},
+        }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
         print(f"figures: {args.json}")
@@ -531,6 +538,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-batch", type=int, default=512, help="with --objectives: the jobs' largest global batch")
     demo.add_argument(
         "--target", type=float, help="with --objectives: the test accuracy time to target is measured to (default 0.98)"
+    )
+    demo.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the list this many times, each time starting one further along it; the table adds medians",
     )
     demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
     demo.add_argument(

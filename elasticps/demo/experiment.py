@@ -25,6 +25,7 @@ allocated rather than on what else happens to run.
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,13 +34,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from elasticps.errors import JobFailedError
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.store import Store
 from elasticps.tables import format_table
+
+T = TypeVar("T", bound=tuple)
 
 PROGRAM = "elasticps.examples.digits:cnn_program"
 
@@ -250,6 +253,7 @@ def _result(policy: str, manager: Manager, t0: float, timeline: list[Sample], se
         started = rec.updated_at - rec.submitted_at - sum(e.elapsed_s for e in epochs)  # waiting and start-up
         jobs[rec.name] = {
             "time_to_target_s": time_to_target(epochs, setup.target_accuracy, started),
+            "trained_to_target_s": time_to_target(epochs, setup.target_accuracy, 0.0),
             "epochs_to_target": epochs_to_target(epochs, setup.target_accuracy),
             "batches": sorted({w.batch_size for w in report.windows if w.batch_size}),
             "epochs": len(epochs),
@@ -308,17 +312,63 @@ def run(
     workdir: Path | None = None,
     say: Callable[[str], None] = print,
     objectives: tuple[str, ...] = (),
+    repeats: int = 1,
 ) -> dict[str, ScenarioResult]:
     """The scenario under each policy; or, with ``objectives``, under the elastic
-    policy once per objective (results keyed by objective)."""
+    policy once per objective (results keyed by objective). With ``repeats`` > 1
+    the whole list runs that many times, each time starting one further along it
+    (whatever runs first on a cold machine starts slower), keyed ``name #k``."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     setup = setup or Setup()
     results: dict[str, ScenarioResult] = {}
     runs = [("elastic", o, o) for o in objectives] or [(p, "goodput", p) for p in policies]
     with tempfile.TemporaryDirectory(prefix="elasticps-demo-") as tmp:
         base = workdir or Path(tmp)
-        for policy, objective, key in runs:
-            results[key] = run_scenario(policy, setup, base / key, say, objective=objective)
+        for key, (policy, objective, _) in run_order(runs, repeats):
+            results[key] = run_scenario(policy, setup, base / key.replace(" #", "-"), say, objective=objective)
     return results
+
+
+def run_order(runs: list[T], repeats: int) -> list[tuple[str, T]]:
+    """``runs`` (named by their last item) ``repeats`` times, the k-th time
+    starting k places along, each keyed by its name (``name #k`` when repeated)."""
+    out = []
+    for k in range(repeats):
+        shift = k % len(runs)
+        for run in runs[shift:] + runs[:shift]:
+            out.append((run[-1] if repeats == 1 else f"{run[-1]} #{k + 1}", run))
+    return out
+
+
+def base_name(key: str) -> str:
+    """The policy or objective a result key names (``goodput #2`` -> ``goodput``)."""
+    return key.split(" #")[0]
+
+
+def target_summary(results: dict[str, ScenarioResult]) -> dict[str, dict[str, float | int | None]]:
+    """Per policy or objective, over its runs: the median of the jobs' mean time
+    to target from submission, the same from each job's first step (start-up
+    left out: on this machine it varies by ~10 s from run to run, whatever the
+    policy), the median mean epochs to target, and how many runs reached it."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for name in dict.fromkeys(base_name(k) for k in results):
+        runs = [r for k, r in results.items() if base_name(k) == name]
+        reached = [r for r in runs if all(j.get("time_to_target_s") is not None for j in r.jobs.values())]
+
+        def med(field: str, rs: list[ScenarioResult] = reached) -> float | None:
+            means = [statistics.fmean(j[field] for j in r.jobs.values()) for r in rs]
+            return round(statistics.median(means), 2) if means else None
+
+        out[name] = {
+            "runs": len(runs),
+            "reached": len(reached),
+            "to_target_s": med("time_to_target_s"),
+            "trained_to_target_s": med("trained_to_target_s"),
+            "epochs_to_target": med("epochs_to_target"),
+            "makespan_s": round(statistics.median(r.makespan_s for r in runs), 2),
+        }
+    return out
 
 
 def table(results: dict[str, ScenarioResult], target: float | None = None) -> str:
@@ -327,7 +377,7 @@ def table(results: dict[str, ScenarioResult], target: float | None = None) -> st
     header = ["job", "policy", "shapes (PSxW)", "epoch s", "total s", "accuracy", "mean CPUs", "utilization"]
     adaptive = target is not None
     if adaptive:
-        header += ["batches", "to target s", "epochs to target"]
+        header += ["batches", "to target s", "trained s", "epochs to target"]
     rows = []
     names = sorted({n for r in results.values() for n in r.jobs})
     for name in names:
@@ -348,6 +398,7 @@ def table(results: dict[str, ScenarioResult], target: float | None = None) -> st
                     [
                         ",".join(map(str, j.get("batches", []))),
                         _secs(j.get("time_to_target_s")),
+                        _secs(j.get("trained_to_target_s")),
                         str(j.get("epochs_to_target") or "never"),
                     ]
                     if adaptive
@@ -357,12 +408,24 @@ def table(results: dict[str, ScenarioResult], target: float | None = None) -> st
     lines = [format_table(rows, header), ""]
     if adaptive:
         lines.append(f"to target s: from submission to the end of the first epoch at accuracy >= {target:g}")
+        lines.append("trained s: the same from the job's first step (its start-up left out; rescale pauses count)")
+        lines += ["", *summary_lines(results), ""]
     for policy, r in results.items():
         lines.append(
             f"{policy}: makespan {r.makespan_s:.1f} s, jobs held {r.mean_job_cpu_share:.0%} of the cluster's "
             f"{r.cluster_cpus:g} CPUs on average"
         )
     return "\n".join(lines)
+
+
+def summary_lines(results: dict[str, ScenarioResult]) -> list[str]:
+    """One line per policy or objective: :func:`target_summary` in words."""
+    return [
+        f"{name}: over {s['runs']} run(s), {s['reached']} with every job at the target; medians of the "
+        f"jobs' means: to target {_secs(s['to_target_s'])} s, trained {_secs(s['trained_to_target_s'])} s, "
+        f"epochs {s['epochs_to_target'] if s['epochs_to_target'] is not None else 'never'}"
+        for name, s in target_summary(results).items()
+    ]
 
 
 def _secs(value: float | None) -> str:
