@@ -39,7 +39,9 @@ def check_invariants(manager: Manager) -> None:
         assert jobs[name].state == JobState.RUNNING, f"{name} has a handle but is {jobs[name].state}"
     runtime = manager.runtime
     for name, starts in getattr(runtime, "jobs", {}).items():
-        if jobs[name].state in (JobState.CANCELLED, JobState.FINISHED):
+        if name not in jobs:  # deleted
+            assert all(j.closed for j in starts), f"{name} was deleted but a start of it was not released"
+        elif jobs[name].state in (JobState.CANCELLED, JobState.FINISHED):
             assert all(j.closed or j.stopping for j in starts), f"{name} ended but a start of it still runs"
         for older in starts[:-1]:
             assert older.closed, f"{name}: a replaced start was not released"
@@ -317,6 +319,36 @@ def test_a_new_job_of_a_known_kind_starts_at_the_fleet_priors_best(env):
     manager.step()
     assert manager.live["same-kind"].asked == (2, 4)
     assert manager.live["other-kind"].asked == (1, 1)
+
+
+def test_the_fleet_prior_reads_an_ended_jobs_observations_once_and_forgets_it_when_deleted(env):
+    """A round reads only the active jobs' observations, however many jobs ended before."""
+    manager, _, capacity = env
+    capacity.nodes = {"node-0": (32.0, 0.0)}
+    submit(manager, "first")
+    manager.step()
+
+    def speed(p: int, w: int) -> float:  # as above: 2 PS x 4 workers is the best within the limits
+        return 64 / (0.002 * 64 / w + 0.01 + 0.005 * w / p)
+
+    for p in (1, 2):
+        for w in (1, 2, 3, 4):
+            manager.store.record_observation("first", manager.clock(), p, w, speed(p, w))
+    manager.cancel("first")
+    while manager.store.get_job("first").state != "cancelled" or manager._to_close:
+        manager.step()
+    reads: list[str] = []
+    observations = manager.store.observations
+    manager.store.observations = lambda name: reads.append(name) or observations(name)  # type: ignore[method-assign]
+    submit(manager, "same-kind")
+    for _ in range(3):
+        manager.step()
+    assert manager.live["same-kind"].asked == (2, 4)  # the ended job's observations still count
+    assert "first" not in reads and reads.count("same-kind") == 3  # ... read when it ended, not every round
+    manager.delete("first")
+    submit(manager, "after-delete")
+    manager.step()
+    assert manager.live["after-delete"].asked == (1, 1)  # deleted: nothing known of the kind any more
 
 
 def test_delete_frees_the_name_of_an_ended_job_only(env):

@@ -99,6 +99,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             result["scaling"] = scheduler_bench.scaling(args.policy)
         _write_json(args.json, result)
         return 0
+    if args.what == "manager":
+        from elasticps.bench import manager_bench
+
+        _write_json(args.json, manager_bench.run(ended=args.ended, active=args.active, rounds=args.rounds))
+        return 0
     if args.what == "chaos":
         from elasticps.bench import chaos_bench
 
@@ -559,8 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")
     bench.add_argument(
         "what",
-        choices=["runtime", "scheduler", "placement", "chaos", "shapes", "explore"],
-        help="runtime: throughput and rescale pauses; scheduler: decision time; placement: cross-node bytes; "
+        choices=["runtime", "scheduler", "manager", "placement", "chaos", "shapes", "explore"],
+        help="runtime: throughput and rescale pauses; scheduler: decision time; manager: a live round's time "
+        "with many ended jobs stored; placement: cross-node bytes; "
         "chaos: faults vs invariants; shapes: a real job's speed grid; explore: the probe walk on that grid",
     )
     bench.add_argument(
@@ -569,7 +575,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="runtime: fewer repetitions")
     bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
     bench.add_argument("--nodes", type=int, default=256, help="scheduler: number of nodes")
-    bench.add_argument("--rounds", type=int, default=21, help="scheduler: decisions timed")
+    bench.add_argument("--rounds", type=int, default=21, help="scheduler: decisions timed; manager: rounds timed")
+    bench.add_argument("--ended", type=int, default=2000, help="manager: ended jobs in the store")
+    bench.add_argument("--active", type=int, default=20, help="manager: active jobs")
     bench.add_argument("--policy", default="elastic", help="scheduler: policy to time")
     bench.add_argument("--scaling", action="store_true", help="scheduler: also time a grid of sizes")
     bench.add_argument("--faults", type=int, default=50, help="chaos: faults to inject")

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 from elasticps.errors import ElasticPSError, JobEndedError, ProgramError
 from elasticps.manager.capacity import capacity_change, capacity_signature
 from elasticps.manager.metrics import ManagerMetrics
+from elasticps.manager.priors import FleetPriors, kind_of, read_observations
 from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
@@ -64,9 +65,6 @@ MAX_FAILURES = 3
 #: Seconds to wait before starting a job again after its n-th failure in a row: n times this.
 #: Ray takes up to ~30 s to declare a killed node dead; a start placed on it meanwhile fails.
 RESTART_BACKOFF_S = 15.0
-#: The fleet prior of a kind of job: the newest observations of each job, and in all.
-PRIOR_PER_JOB = 20
-PRIOR_TOTAL = 400
 #: Rounds between two prunings of old events and observations.
 PRUNE_EVERY_ROUNDS = 50
 
@@ -144,6 +142,7 @@ class Manager:
             runtime = runtime or RayJobRuntime()
             capacity = capacity or RayCapacity()
         self.store = store
+        self.priors = FleetPriors(store)
         self.workdir = Path(workdir)
         self.runtime = runtime
         self.capacity = capacity
@@ -244,6 +243,7 @@ class Manager:
             if name in self.live or any(n == name for n, _ in self._to_close):
                 raise JobInUse(f"job {name!r} is still stopping; delete it again in a moment")
             rec = self.store.delete_job(name)
+            self.priors.forget(name)
             shutil.rmtree(self.workdir / name, ignore_errors=True)
             self.store.add_event(self.clock(), None, "deleted", f"job {name} deleted ({rec.state}); its name is free")
             self._failures.pop(name, None)
@@ -266,9 +266,10 @@ class Manager:
         with self._lock:
             now = self.clock()
             self._collect(now)
-            records = [r for r in self.store.list_jobs(ACTIVE) if r.name in self.live or self._may_start(r.name, now)]
+            active = self.store.list_jobs(ACTIVE)
+            records = [r for r in active if r.name in self.live or self._may_start(r.name, now)]
             observed: dict[str, list[Observation]] = {}  # this round's reads: each job's read once
-            priors = self._fleet_priors(observed)
+            priors = self.priors.models([(r, self._observations(r.name, observed)) for r in active])
             views = [v for v in (self._view(r, now, priors, observed) for r in records) if v is not None]
             cluster = self.capacity.view(self._ours())
             self._note_unfit(views, cluster, now)
@@ -590,24 +591,8 @@ class Manager:
     def _observations(self, name: str, observed: dict[str, list[Observation]]) -> list[Observation]:
         """A job's stored speed observations, read once per round: ``observed`` holds the round's reads."""
         if name not in observed:
-            observed[name] = [Observation(p, w, s, batch=b) for p, w, s, b in self.store.observations(name)]
+            observed[name] = read_observations(self.store, name)
         return observed[name]
-
-    def _fleet_priors(self, observed: dict[str, list[Observation]]) -> dict[tuple, SpeedModel]:
-        """A speed model per kind of job (same program, batch, mode and task
-        sizes: the same speed function), fitted on the latest observations of
-        every job of that kind, running or ended: what the simulator's fleet
-        prior is, here from the store."""
-        pooled: dict[tuple, list[Observation]] = {}
-        batches: dict[tuple, tuple[int, str]] = {}
-        for rec in self.store.list_jobs():
-            if rec.info is None:
-                continue
-            key = _kind_of(rec)
-            obs = self._observations(rec.name, observed)[-PRIOR_PER_JOB:]
-            pooled.setdefault(key, []).extend(obs)
-            batches[key] = (rec.info.batch_size, rec.spec.mode)
-        return {key: SpeedModel(*batches[key]).fit(obs[-PRIOR_TOTAL:]) for key, obs in pooled.items() if obs}
 
     def _view(
         self,
@@ -635,7 +620,7 @@ class Manager:
             (p, w) = live.asked
             plan = ViewPlan(model.predict, ShapeLimits(p, p, w, w))
         else:
-            plan = plan_view(model, limits, current, prior=priors.get(_kind_of(rec)))  # the simulator's rule too
+            plan = plan_view(model, limits, current, prior=priors.get(kind_of(rec)))  # the simulator's rule too
         return JobView(
             id=rec.name,
             speed=plan.speed,
@@ -691,11 +676,3 @@ def _task_resources(task: TaskSpec) -> TaskResources:
 def _batch_sizes(spec: JobSpec, info: ProgramInfo) -> tuple[int, ...]:
     """The global batches the scheduler may choose for a job (none: it is fixed)."""
     return batch_candidates(info.batch_size, info.max_batch_size) if spec.mode == "sync" else ()
-
-
-def _kind_of(rec: JobRecord) -> tuple:
-    """Jobs of one kind share a speed function: same program, batch size, mode
-    and task sizes."""
-    spec, info = rec.spec, rec.info
-    tasks = tuple((t.cpu, t.gpu, t.memory_gb, t.cpu_limit) for t in (spec.ps, spec.workers))
-    return (spec.program, info.batch_size if info else None, spec.mode, tasks)

@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS allocations_job ON allocations(job, id);
 CREATE INDEX IF NOT EXISTS observations_job ON observations(job, id);
 CREATE INDEX IF NOT EXISTS events_job ON events(job, id);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 """
 #: Columns added since the first schema, per table (an older database gains them on open).
 ADDED_COLUMNS = {
@@ -185,11 +186,14 @@ class Store:
         return _job(row)
 
     def list_jobs(self, states: tuple[str, ...] | None = None) -> list[JobRecord]:
-        rows = self._db.execute(f"SELECT {_COLUMNS} FROM jobs ORDER BY submitted_at, name").fetchall()
+        if states is None:
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM jobs ORDER BY submitted_at, name").fetchall()
+        else:
+            marks = ", ".join("?" * len(states))
+            sql = f"SELECT {_COLUMNS} FROM jobs WHERE state IN ({marks}) ORDER BY submitted_at, name"
+            rows = self._db.execute(sql, tuple(str(s) for s in states)).fetchall()
         jobs = []
         for r in rows:
-            if states is not None and r[2] not in states:
-                continue
             try:
                 jobs.append(_job(r))
             except ValueError as exc:  # a row written by an older, laxer version: one bad row must not hide the rest
