@@ -104,6 +104,34 @@ def test_a_running_job_with_the_same_shape_stays_put():
     assert result.placement["j"] == current["j"] and result.moves == 0
 
 
+def _two_cpu_workers(job_id: str):
+    """A job of 2-CPU workers and no PS: a node of 3 CPUs holds one worker, and 1 CPU nobody can use."""
+    return make_job(job_id, min_ps=0, max_ps=0, max_workers=8, worker_resources=Resources(cpu=2.0))
+
+
+def test_a_running_job_whose_new_shape_does_not_fit_on_the_nodes_keeps_its_old_one():
+    # the policy sees 4 free CPUs, room for 2 workers; per node there is room for 1. Stopping
+    # the job would cost a restart and a wait: it keeps its worker on n0.
+    job = _two_cpu_workers("r")
+    current = {"r": {"worker-0": "n0"}}
+    for method in PLACERS:
+        result = place([job], {"r": (0, 2)}, _cluster(3, 1), current, method=method)
+        assert result.kept == ["r"] and result.unplaceable == [], method
+        assert result.placement["r"] == current["r"] and result.shapes == {"r": (0, 1)}
+    # a job that is not running yet has no shape to keep: it waits
+    assert place([job], {"r": (0, 2)}, _cluster(3, 1)).unplaceable == ["r"]
+
+
+def test_running_jobs_are_placed_before_jobs_that_start():
+    # nodes of 3 CPUs each hold one 2-CPU worker. 'r' runs 2 workers and is to shrink to 1;
+    # 'new' (bigger) asks for 2. Placed biggest first, 'new' would take both nodes and 'r'
+    # would stop; running first, 'r' keeps a node and 'new' waits.
+    running, new = _two_cpu_workers("r"), _two_cpu_workers("new")
+    current = {"r": {"worker-0": "n0", "worker-1": "n1"}}
+    result = place([running, new], {"r": (0, 1), "new": (0, 2)}, _cluster(3, 3), current)
+    assert result.shapes == {"r": (0, 1)} and result.unplaceable == ["new"]
+
+
 def test_a_kept_job_spread_wider_than_the_room_needs_is_compacted():
     # kept with the same shape over n0 and n2, while n1 alone holds all 3 CPUs: moved there
     job = make_job("j")

@@ -83,7 +83,7 @@ def plan_replicas(
         wider = ClusterView(ray_cluster.nodes + virtual[:k])
         decision, _ = policy.decide(jobs, wider, copy.deepcopy(state))
         placed = place(jobs, decision, wider, current or {}, placement)
-        return {job: decision[job] for job in placed.placement}
+        return placed.shapes
 
     # the fewest pods with which the jobs run as they would with all of them
     best = runs_with(len(virtual))

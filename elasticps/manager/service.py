@@ -279,9 +279,10 @@ class Manager:
             current = {n: live.asked_placement for n, live in self.live.items()}
             placed = place(views, decision, cluster, current, self.placement_method)
             self.metrics.decision_seconds.observe(time.perf_counter() - started)
-            batches = batches_for(views, decision, self.objective)
+            shapes = placed.shapes  # a running job whose new shape did not fit on the nodes keeps its old one
+            batches = batches_for(views, shapes, self.objective)
             for rec in records:
-                shape, placement = decision.get(rec.name), placed.placement.get(rec.name)
+                shape, placement = shapes.get(rec.name), placed.placement.get(rec.name)
                 if shape is not None and placement is not None:
                     self._apply(rec, shape, placement, now)
                     if rec.name in batches:

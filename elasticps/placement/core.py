@@ -42,6 +42,12 @@ class PlacementResult:
     placement: dict[str, JobPlacement] = field(default_factory=dict)
     unplaceable: list[str] = field(default_factory=list)
     moves: int = 0  # running tasks that changed node
+    kept: list[str] = field(default_factory=list)  # running jobs whose new shape did not fit: at their old one
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        """The shape each placed job runs at: the decision's, or its old one (``kept``)."""
+        return {job_id: _shape_of(placed) for job_id, placed in self.placement.items()}
 
 
 def cross_node_bytes_per_step(placement: JobPlacement, param_bytes: float) -> float:
@@ -289,24 +295,42 @@ def place(
             result.placement[job_id] = dict(old)
             continue
         todo.append(job)
-    todo.sort(key=_biggest_first(decision, cluster))
+    biggest = _biggest_first(decision, cluster)
+    todo.sort(key=lambda j: (j.id not in current, *biggest(j)))  # running jobs first: a start can wait
     for job in todo:
         p, w = decision[job.id]
-        prefer = set(current.get(job.id, {}).values())
-        if method == "locality":
-            placed = _locality(job, p, w, room, prefer)
-        else:
-            placed = {"spread": _spread, "pack": _pack, "optimus": _optimus}[method](job, p, w, room)
+        placed = _place_one(job, p, w, room, set(current.get(job.id, {}).values()), method)
+        if placed is None and job.id in current:
+            placed = _fall_back(job, current[job.id], room, method)
+            if placed is not None:
+                result.kept.append(job.id)
         if placed is None:
             result.unplaceable.append(job.id)
             continue
         result.placement[job.id] = placed
     if method == "locality":
-        _compact(jobs, decision, cluster, room, result)
+        _compact(jobs, result.shapes, cluster, room, result)
     for job_id, placed in result.placement.items():
         old = current.get(job_id, {})
         result.moves += sum(1 for t, n in placed.items() if t in old and old[t] != n)
     return result
+
+
+def _fall_back(job: JobView, old: JobPlacement, room: _Room, method: str) -> JobPlacement | None:
+    """A running job whose new shape does not fit on the nodes (the policy
+    sees one pool; GPUs and CPUs come per node) keeps running at its old shape:
+    on its old nodes if they still have room, else placed again. Stopping it
+    would cost a restart and the time it waits to be admitted again."""
+    if _keep(job, old, room):
+        return dict(old)
+    return _place_one(job, *_shape_of(old), room, set(old.values()), method)
+
+
+def _place_one(job: JobView, p: int, w: int, room: _Room, prefer: set[str], method: str) -> JobPlacement | None:
+    """``job``'s tasks at (p, w) on nodes with room, by ``method`` (None: they do not fit)."""
+    if method == "locality":
+        return _locality(job, p, w, room, prefer)
+    return {"spread": _spread, "pack": _pack, "optimus": _optimus}[method](job, p, w, room)
 
 
 def _compact(

@@ -288,10 +288,11 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         cluster = cluster_view()
         t0 = time.perf_counter()
         decision, state = policy.decide(views, cluster, state)
-        batches = batches_for(views, decision, config.objective)
         placed = place(
             views, decision, cluster, {j: active[j].placement for j in active if active[j].shape}, config.placement
         )
+        decision = placed.shapes  # a running job whose new shape did not fit on the nodes kept its old one
+        batches = batches_for(views, decision, config.objective)
         decision_times.append(time.perf_counter() - t0)
         left: dict[str, Resources] | None = None  # the room left once placed: worked out if a GPU job is spread
         by_id = {v.id: v for v in views}
@@ -309,7 +310,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                 gpu_placements[2] += (fewest_nodes(by_id[jid], *decision[jid], free) or spans) < spans
         for job in active.values():
             jid = job.spec.id
-            new_shape = decision.get(jid) if jid in placed.placement else None
+            new_shape = decision.get(jid)
             new_place = placed.placement.get(jid, {})
             if new_shape != job.shape or (new_shape and new_place != job.placement):
                 if new_shape is not None:
