@@ -45,5 +45,9 @@ def test_every_flag_and_argument_has_help():
 def test_bad_targets_and_thresholds_are_refused_before_any_work(capsys):
     assert main(["demo", "--objectives", "goodput,speed", "--target", "98"]) == 2  # a percentage, not a share
     assert "--target is an accuracy, 0..1, got 98" in capsys.readouterr().err
+    assert main(["demo", "--cores-per-cpu", "0"]) == 2
+    assert "--cores-per-cpu must be above 0, got 0" in capsys.readouterr().err
+    assert main(["demo", "--objectives", "goodput", "--repeats", "0"]) == 2
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
     assert main(["sim", "--jobs", "5", "--nodes", "2", "--quiet", "--efficiency-threshold", "-1"]) != 0
     assert capsys.readouterr().err.strip() == "error: efficiency threshold must be above 0, got -1"

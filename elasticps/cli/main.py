@@ -42,6 +42,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         setup = replace(setup, epochs=tuple(args.epochs * k // 3 for k in (3, 4, 5)))
     if args.tenant_s is not None:
         setup = replace(setup, tenant_s=args.tenant_s)
+    if args.cores_per_cpu is not None:
+        if not args.cores_per_cpu > 0:
+            print(f"error: --cores-per-cpu must be above 0, got {args.cores_per_cpu:g}", file=sys.stderr)
+            return 2
+        setup = replace(setup, cores_per_cpu=args.cores_per_cpu)
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
@@ -553,6 +558,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
     demo.add_argument(
         "--tenant-s", type=float, help="the other tenant leaves this long after every job ran (default 15)"
+    )
+    demo.add_argument(
+        "--cores-per-cpu",
+        type=float,
+        help="the real cores each modelled CPU is held to (default 0.125: the 12-CPU cluster in 1.5 cores)",
     )
     demo.add_argument("--html", default="out/demo/report.html", help="where to write the HTML report")
     demo.add_argument("--json", help="write the figures (and timelines) here")
