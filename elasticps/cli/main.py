@@ -537,7 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
-        "demo", help="the published experiment: three jobs, another tenant leaves; static vs elastic (~5 min)"
+        "demo", help="the published experiment: three jobs, another tenant leaves; static vs elastic (~6 min)"
     )
     demo.add_argument("--policies", default="static,elastic", help="comma-separated policies to compare")
     demo.add_argument(
@@ -562,7 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--cores-per-cpu",
         type=float,
-        help="the real cores each modelled CPU is held to (default 0.125: the 12-CPU cluster in 1.5 cores)",
+        help="the real cores each modelled CPU is held to (default 0.0625: the 12-CPU cluster in 0.75 cores)",
     )
     demo.add_argument("--html", default="out/demo/report.html", help="where to write the HTML report")
     demo.add_argument("--json", help="write the figures (and timelines) here")

@@ -51,7 +51,7 @@ PROGRAM = "elasticps.examples.digits:cnn_program"
 class Setup:
     nodes: int = 3
     cpus_per_node: int = 4
-    cores_per_cpu: float = 0.125
+    cores_per_cpu: float = 0.0625  # 12 modelled CPUs in 0.75 of the 2 cores: room for Ray's own processes
     tenant_per_node: int = 2
     tenant_s: float = 15.0
     epochs: tuple[int, ...] = (30, 40, 50)
