@@ -120,6 +120,9 @@ def test_a_running_job_whose_new_shape_does_not_fit_on_the_nodes_keeps_its_old_o
         assert result.placement["r"] == current["r"] and result.shapes == {"r": (0, 1)}
     # a job that is not running yet has no shape to keep: it waits
     assert place([job], {"r": (0, 2)}, _cluster(3, 1)).unplaceable == ["r"]
+    # nor is a shape kept that its limits no longer allow (narrowed to exactly 2 workers)
+    narrowed = make_job("r", min_ps=0, max_ps=0, min_workers=2, max_workers=2, worker_resources=Resources(cpu=2.0))
+    assert place([narrowed], {"r": (0, 2)}, _cluster(3, 1), current).unplaceable == ["r"]
 
 
 def test_running_jobs_are_placed_before_jobs_that_start():

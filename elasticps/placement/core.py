@@ -320,10 +320,14 @@ def _fall_back(job: JobView, old: JobPlacement, room: _Room, method: str) -> Job
     """A running job whose new shape does not fit on the nodes (the policy
     sees one pool; GPUs and CPUs come per node) keeps running at its old shape:
     on its old nodes if they still have room, else placed again. Stopping it
-    would cost a restart and the time it waits to be admitted again."""
+    would cost a restart and the time it waits to be admitted again. Not
+    outside the job's limits (they may have been narrowed since it started)."""
+    p, w = _shape_of(old)
+    if not (job.min_ps <= p <= job.max_ps and job.min_workers <= w <= job.max_workers):
+        return None
     if _keep(job, old, room):
         return dict(old)
-    return _place_one(job, *_shape_of(old), room, set(old.values()), method)
+    return _place_one(job, p, w, room, set(old.values()), method)
 
 
 def _place_one(job: JobView, p: int, w: int, room: _Room, prefer: set[str], method: str) -> JobPlacement | None:
