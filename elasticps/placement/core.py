@@ -323,7 +323,7 @@ def _fall_back(job: JobView, old: JobPlacement, room: _Room, method: str) -> Job
     would cost a restart and the time it waits to be admitted again. Not
     outside the job's limits (they may have been narrowed since it started)."""
     p, w = _shape_of(old)
-    if not (job.min_ps <= p <= job.max_ps and job.min_workers <= w <= job.max_workers):
+    if not job.allows(p, w):
         return None
     if _keep(job, old, room):
         return dict(old)

@@ -125,6 +125,10 @@ class JobView:
     def resources(self, p: int, w: int) -> Resources:
         return self.ps_resources.scaled(p) + self.worker_resources.scaled(w)
 
+    def allows(self, p: int, w: int) -> bool:
+        """Whether (p, w) is within the job's limits."""
+        return self.min_ps <= p <= self.max_ps and self.min_workers <= w <= self.max_workers
+
 
 #: ``{job id: (num_ps, num_workers)}``; jobs absent wait.
 Decision = dict[str, tuple[int, int]]

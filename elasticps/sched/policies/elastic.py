@@ -152,7 +152,7 @@ class ElasticPolicy:
             for nxt in dict.fromkeys(s for s in (job.explore, *job.probes) if s is not None):
                 if nxt == cur:
                     continue
-                if not (job.min_ps <= nxt[0] <= job.max_ps and job.min_workers <= nxt[1] <= job.max_workers):
+                if not job.allows(*nxt):
                     continue
                 extra = job.resources(nxt[0] - cur[0], nxt[1] - cur[1])
                 if extra.fits_in(left):
