@@ -436,3 +436,31 @@ def test_the_objective_sets_an_adaptive_jobs_batch(tmp_path, objective):
         assert job.batch == 0 and batches == {64}
     assert ("batch" in kinds(manager, "a")) == (objective == "speed")
     check_invariants(manager)
+
+
+def test_a_round_decides_before_releasing_an_ended_job_whose_tasks_still_count_as_ours(env):
+    """Releasing an ended job's tasks takes seconds on Ray: the round that sees
+    it end decides first (its room is handed out at once) and releases it
+    after; meanwhile its tasks are ours, not another tenant's."""
+    manager, runtime, capacity = env
+    submit(manager, "a")
+    submit(manager, "b")
+    manager.step()
+    manager.step()
+    a = runtime.latest("a")
+    a.step = a.info.epochs * a.info.samples_per_epoch // a.info.batch_size  # its last step is done
+    seen = []
+    view = capacity.view
+
+    def recording(ours):
+        seen.append((sum(r.cpu for r in ours.values()), a.closed))
+        return view(ours)
+
+    capacity.view = recording
+    manager._collect(manager.clock())  # as the loop does between rounds: "a" ended, queued for release
+    assert manager.store.get_job("a").state == JobState.FINISHED and not a.closed
+    manager.step()
+    held_by_a = a.shape[0] * 0.5 + a.shape[1] * 1.0  # PS 0.5 CPU, workers 1 CPU each
+    assert seen and seen[0][1] is False, "the round released the ended job before deciding"
+    assert seen[0][0] >= held_by_a + 1.0, "the ended job's tasks were not counted as ours"
+    assert a.closed

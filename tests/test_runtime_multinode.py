@@ -56,3 +56,36 @@ def test_losing_a_whole_node_recovers_and_stays_exact(ray_cluster, tmp_path):
     ref = train_single_process(program)
     assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()
+
+
+def test_on_a_full_cluster_a_rescale_releases_first_and_a_renaming_shrink_starts_nothing(ray_cluster):
+    """Two tasks of 2 CPUs fill each 4-CPU node (the head has 1: none fits
+    there): trading a worker for a PS can only happen if the worker goes
+    first; a shrink whose pins rename the tasks keeps the running processes."""
+    from elasticps.runtime import TaskResources
+
+    _cluster, (n1, n2, _n3) = ray_cluster  # n3 may be gone (a test above removes it)
+    a, b = n1.node_id, n2.node_id
+    program = digits.program(epochs=50)
+    two = TaskResources(cpu=2.0)
+    job = make_job(1, 3, program, ps_resources=two, worker_resources=two, placement_timeout_s=30.0)
+    job = type(job)(program, job.config, 1, 3, placement={"ps-0": a, "worker-0": a, "worker-1": b, "worker-2": b})
+    job.run(max_steps=3)
+    request = job.rescale(2, 2, {"ps-0": a, "worker-0": a, "ps-1": b, "worker-1": b})
+    run_until_applied(job, request)
+    report = job.report()
+    assert [(r.reason, r.to_shape) for r in report.rescales if r.ok] == [("release", (1, 2)), ("request", (2, 2))]
+    assert job.placement() == {"ps-0": a, "worker-0": a, "ps-1": b, "worker-1": b}
+    job.run(max_steps=3)
+
+    pids = {t.pid for t in job.ps + job.workers}
+    request = job.rescale(1, 2, {"ps-0": b, "worker-0": b, "worker-1": a})
+    run_until_applied(job, request)
+    assert job.placement() == {"ps-0": b, "worker-0": b, "worker-1": a}
+    assert {t.pid for t in job.ps + job.workers} < pids  # the same processes, one fewer
+    assert job.report().rescales[-1].launch_s < 1.0
+    job.run(max_steps=3)
+
+    ref = train_single_process(program, max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()

@@ -162,6 +162,7 @@ class Manager:
         self._max_ended = max_ended_reports
         self._lock = threading.RLock()  # commands and rounds, one at a time
         self._to_close: list[tuple[str, _Live]] = []  # handles to stop and release, drained by the loop
+        self._closing: list[tuple[str, _Live]] = []  # being stopped and released now: their tasks still hold room
         self._failures: dict[str, int] = {}  # failures in a row with no progress, per job
         self._not_before: dict[str, float] = {}  # a job that failed starts again from then on
         self._unfit: dict[str, str] = {}  # the "cannot fit" message last stored per job
@@ -240,7 +241,7 @@ class Manager:
             rec = self.store.get_job(name)
             if not JobState(rec.state).ended:
                 raise JobInUse(f"job {name!r} is {rec.state}; cancel it before deleting it")
-            if name in self.live or any(n == name for n, _ in self._to_close):
+            if name in self.live or any(n == name for n, _ in self._to_close + self._closing):
                 raise JobInUse(f"job {name!r} is still stopping; delete it again in a moment")
             rec = self.store.delete_job(name)
             self.priors.forget(name)
@@ -262,7 +263,10 @@ class Manager:
 
     # -- the loop
     def step(self) -> dict[str, tuple[int, int]]:
-        self._drain()
+        """One round. Jobs that ended or were cancelled are released after the
+        decision, not before (releasing a job's tasks takes seconds); until then
+        their tasks count as ours, so the room they hold is handed out already
+        and what is started there waits for it in Ray's queue."""
         with self._lock:
             now = self.clock()
             self._collect(now)
@@ -539,6 +543,7 @@ class Manager:
         (outside the lock: releasing tasks takes a while)."""
         with self._lock:
             closing, self._to_close = self._to_close, []
+            self._closing += closing
         for name, live in closing:
             live.handle.stop()
             try:
@@ -548,6 +553,8 @@ class Manager:
             except ElasticPSError:
                 pass  # its driver is gone with its report
             live.handle.close()
+            with self._lock:
+                self._closing = [(n, x) for n, x in self._closing if x is not live]
 
     def _grow(self, views: list[JobView], cluster: ClusterView, current: dict, now: float) -> None:
         """Ask for more Ray nodes (or fewer) when the jobs could use them."""
@@ -645,9 +652,10 @@ class Manager:
         )
 
     def _ours(self) -> dict[str, Resources]:
-        """What our jobs hold per node: what was asked, and what they still hold while they switch."""
+        """What our jobs hold per node: what was asked, what they still hold while
+        they switch, and what ended or cancelled jobs hold until they are released."""
         per_node: dict[str, list[Resources]] = {}
-        for name, live in self.live.items():
+        for name, live in [*self.live.items(), *self._to_close, *self._closing]:
             try:
                 spec = self.store.get_job(name).spec
             except KeyError:

@@ -49,6 +49,7 @@ from elasticps.runtime.reports import (
     pair_key,
 )
 from elasticps.runtime.shard_state import ShardState, concat_shards
+from elasticps.runtime.slots import fits_now, match_slots
 
 log = logging.getLogger("elasticps.runtime")
 
@@ -74,6 +75,8 @@ class _PendingChange:
     new_workers: dict[int, tasks.PendingTask]
     launched_at: float
     reason: str
+    kept_ps: dict[int, tasks.Task] = field(default_factory=dict)  # slot -> running task that fills it
+    kept_workers: dict[int, tasks.Task] = field(default_factory=dict)
 
 
 @dataclass
@@ -715,9 +718,51 @@ class JobController:
         if self._pending is None and (request_id > self._applied_request or self._below_target(shape)):
             reason = "request" if request_id > self._applied_request else "replace"
             try:
+                self._release_first(shape)
                 self._pending = self._launch(shape, request_id, reason=reason, strict=False)
             except PlacementError as exc:
                 self._fail_request(request_id, shape, str(exc), 0.0)
+
+    def _release_first(self, shape: Shape) -> None:
+        """Break before make where make-before-break cannot work: if ``shape``
+        drops running tasks and needs new ones, and the new ones have no room on
+        their nodes now, switch to the tasks it keeps first (their room is then
+        free for the new ones; the full shape follows once they run). Without
+        this, a shape that trades a worker for a PS, or moves tasks, on a full
+        cluster waits for room that only its own old tasks hold, and fails."""
+        nodes = tasks.alive_nodes() if shape.placement else {}
+        keep, new = {}, []
+        for kind, have in (("ps", self.ps), ("worker", self.workers)):
+            want = self._wanted(kind, shape, nodes)
+            keep[kind] = match_slots([t.node_id for t in have], want)
+            res = (self.config.ps_resources if kind == "ps" else self.config.worker_resources).as_ray_resources()
+            new += [(node, res) for i, node in enumerate(want) if i not in keep[kind] and node is not None]
+        drops = len(self.ps) + len(self.workers) - len(keep["ps"]) - len(keep["worker"])
+        if not drops or not new or not keep["ps"] or not keep["worker"] or fits_now(new, tasks.free_now()):
+            return
+        ps = [self.ps[j] for _, j in sorted(keep["ps"].items())]
+        workers = [self.workers[j] for _, j in sorted(keep["worker"].items())]
+        self._flush_window()
+        t0 = time.perf_counter()
+        before = (len(self.ps), len(self.workers))
+        state = None if [id(t) for t in ps] == [id(t) for t in self.ps] else self._gather_state()
+        self._install_tasks(Shape(len(ps), len(workers)), dict(enumerate(ps)), dict(enumerate(workers)), state)
+        pause = time.perf_counter() - t0
+        with self._lock:
+            self._rescales.append(
+                RescaleRecord(0, before, (len(ps), len(workers)), self.step, pause, 0.0, True, reason="release")
+            )
+        self._event(
+            f"released {drops} task(s) ahead of the rescale to {shape.num_ps}x{shape.num_workers}: "
+            f"{before[0]}x{before[1]} -> {len(ps)}x{len(workers)} until its new tasks run (no room for them yet)"
+        )
+
+    def _wanted(self, kind: str, shape: Shape, nodes: dict[str, dict[str, float]]) -> list[str | None]:
+        """The node each ``kind`` slot of ``shape`` is pinned to (None: anywhere; a gone or suspect node
+        counts as anywhere)."""
+        count = shape.num_ps if kind == "ps" else shape.num_workers
+        want = [shape.placement.get(task_name(kind, i)) for i in range(count)]
+        return [n if n is not None and n in nodes and not self._suspect(n) else None for n in want]
 
     def prepare(self, timeout_s: float | None = None) -> bool:
         """Start the tasks of the newest rescale request and wait (at most
@@ -746,41 +791,47 @@ class JobController:
         return self.config.replace_dead_workers and len(self.workers) < shape.num_workers
 
     def _launch(self, shape: Shape, request_id: int, reason: str, strict: bool) -> _PendingChange:
-        """Start the tasks that ``shape`` needs beyond the ones that already fit it."""
+        """Start the tasks that ``shape`` needs beyond the running ones it keeps
+        (:func:`match_slots`: a running task on the node a slot wants fills it)."""
         nodes = tasks.alive_nodes() if shape.placement else {}
         new: dict[str, dict[int, tasks.PendingTask]] = {"ps": {}, "worker": {}}
+        kept: dict[str, dict[int, tasks.Task]] = {"ps": {}, "worker": {}}
         current = {"ps": self.ps, "worker": self.workers}
-        counts = {"ps": shape.num_ps, "worker": shape.num_workers}
         resources = {"ps": self.config.ps_resources, "worker": self.config.worker_resources}
         threads = {"ps": self.config.ps_threads, "worker": self.config.worker_threads}
         try:
             for kind in ("ps", "worker"):
-                for i in range(counts[kind]):
-                    name = task_name(kind, i)
-                    want = shape.placement.get(name)
-                    if want is not None and (want not in nodes or self._suspect(want)):
+                count = shape.num_ps if kind == "ps" else shape.num_workers
+                asked = [shape.placement.get(task_name(kind, i)) for i in range(count)]
+                want = self._wanted(kind, shape, nodes)
+                for i, (pin, node) in enumerate(zip(asked, want, strict=True)):
+                    if pin is not None and node is None:
                         if strict:
-                            tasks.check_fits(name, want, resources[kind], nodes)
-                        self._event(f"{name}: pinned node {want} is gone; letting Ray place it")
-                        want = None
-                    have = current[kind]
-                    if i < len(have) and (want is None or have[i].node_id == want):
+                            tasks.check_fits(task_name(kind, i), pin, resources[kind], nodes)
+                        self._event(f"{task_name(kind, i)}: pinned node {pin} is gone; letting Ray place it")
+                have = current[kind]
+                match = match_slots([t.node_id for t in have], want)
+                kept[kind] = {i: have[j] for i, j in match.items()}
+                for i, node in enumerate(want):
+                    if i in match:
                         continue
-                    if want is not None:
-                        tasks.check_fits(name, want, resources[kind], nodes)
+                    if node is not None:
+                        tasks.check_fits(task_name(kind, i), node, resources[kind], nodes)
                     new[kind][i] = tasks.launch(
                         kind,  # type: ignore[arg-type]
                         self.program,
                         resources[kind],
                         threads[kind],
-                        want,
+                        node,
                         shared_memory=self.config.mode == "sync" and self.config.shared_memory,
                     )
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:
                 tasks.kill(p.handle)
             raise
-        return _PendingChange(request_id, shape, new["ps"], new["worker"], time.monotonic(), reason)
+        return _PendingChange(
+            request_id, shape, new["ps"], new["worker"], time.monotonic(), reason, kept["ps"], kept["worker"]
+        )
 
     def _suspect(self, node: str) -> bool:
         """A node where tasks died recently: its raylet may be dead before Ray says so."""
@@ -811,7 +862,8 @@ class JobController:
         self._flush_window()  # a window measures one shape: the steps before the switch are the old one's
         t0 = time.perf_counter()
         before = (len(self.ps), len(self.workers))
-        state = self._gather_state() if (pending.new_ps or pending.shape.num_ps != len(self.ps)) else None
+        same_ps = [id(pending.kept_ps.get(i)) for i in range(pending.shape.num_ps)] == [id(t) for t in self.ps]
+        state = None if same_ps else self._gather_state()  # new, fewer, more or reordered shards: cut again
         self._install(pending, started, state)
         pause = time.perf_counter() - t0
         record = RescaleRecord(
@@ -837,8 +889,8 @@ class JobController:
         n_ps = len(pending.new_ps)
         self._install_tasks(
             pending.shape,
-            dict(zip(pending.new_ps, started[:n_ps], strict=True)),
-            dict(zip(pending.new_workers, started[n_ps:], strict=True)),
+            {**pending.kept_ps, **dict(zip(pending.new_ps, started[:n_ps], strict=True))},
+            {**pending.kept_workers, **dict(zip(pending.new_workers, started[n_ps:], strict=True))},
             state,
         )
 

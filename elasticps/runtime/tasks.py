@@ -51,6 +51,13 @@ def alive_nodes() -> dict[str, dict[str, float]]:
     return {n["NodeID"]: dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")}
 
 
+def free_now() -> dict[str, dict[str, float]]:
+    """What every node has free now (Ray's view, by node id)."""
+    from ray._private.state import available_resources_per_node  # no public per-node API without the dashboard
+
+    return available_resources_per_node()
+
+
 def check_fits(task: str, node_id: str, resources: TaskResources, nodes: dict[str, dict[str, float]]) -> None:
     """Raise at once if ``node_id`` is gone or could never hold the task."""
     if node_id not in nodes:

@@ -1,0 +1,38 @@
+"""Which running tasks a new shape keeps (pure: no Ray)."""
+
+from __future__ import annotations
+
+from elasticps.runtime.slots import fits_now, match_slots
+
+
+def test_a_slot_keeps_the_task_of_its_index_where_it_runs():
+    # 3 workers on a, b, b; the new shape wants a, b, b: nothing starts
+    assert match_slots(["a", "b", "b"], ["a", "b", "b"]) == {0: 0, 1: 1, 2: 2}
+
+
+def test_a_shrink_that_renames_tasks_starts_none():
+    # 2x4 -> 1x3 as placement numbers it: the workers on b become worker-0 and worker-1
+    assert match_slots(["a", "a", "b", "b"], ["b", "b", "a"]) == {0: 2, 1: 3, 2: 0}
+
+
+def test_a_slot_on_a_node_with_no_unused_task_needs_a_new_one():
+    # worker-2 moves from c to a; a's only task already fills worker-0
+    assert match_slots(["a", "b", "c"], ["a", "b", "a"]) == {0: 0, 1: 1}
+
+
+def test_pinned_slots_are_matched_before_unpinned_ones():
+    # slot 0 could take task 0 (on a), but slot 1 must be on a: slot 0 takes task 1
+    assert match_slots(["a", "b"], [None, "a"]) == {1: 0, 0: 1}
+
+
+def test_unpinned_growth_keeps_every_task_and_adds_the_rest():
+    assert match_slots(["a", "b"], [None, None, None]) == {0: 0, 1: 1}
+
+
+def test_fits_now_adds_up_tasks_per_node():
+    free = {"a": {"CPU": 2.0}, "b": {"CPU": 0.5}}
+    assert fits_now([("a", {"CPU": 1.0}), ("a", {"CPU": 1.0})], free)
+    assert not fits_now([("a", {"CPU": 1.0}), ("a", {"CPU": 1.5})], free)  # 2.5 > 2 on a
+    assert not fits_now([("b", {"CPU": 1.0})], free)
+    assert not fits_now([("c", {"CPU": 1.0})], free)  # a node not in the free list has nothing free
+    assert fits_now([], free)
