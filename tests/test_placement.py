@@ -125,6 +125,30 @@ def test_a_running_job_whose_new_shape_does_not_fit_on_the_nodes_keeps_its_old_o
     assert place([narrowed], {"r": (0, 2)}, _cluster(3, 1), current).unplaceable == ["r"]
 
 
+def test_resized_running_jobs_keep_their_tasks_so_their_new_tasks_fit_in_the_free_room():
+    # The live demo's round: three jobs at 1x1 on three 4-CPU nodes (2 CPUs each), 6 CPUs free;
+    # asked for 1x2, 2x4 and 2x1: 12 CPUs in all. The runtime starts new tasks before it stops
+    # old ones, so the new tasks must fit in the 6 free CPUs: 1 + 4 + 1 = 6, if no task moves.
+    jobs = [make_job(j, max_ps=2, max_workers=4) for j in ("a", "b", "c")]
+    current = {j: {"ps-0": n, "worker-0": n} for j, n in (("a", "n0"), ("b", "n1"), ("c", "n2"))}
+    decision = {"a": (1, 2), "b": (2, 4), "c": (2, 1)}
+    result = place(jobs, decision, _cluster(4, 4, 4), current)
+    assert result.shapes == decision and result.moves == 0
+    new_tasks = {n: 0 for n in ("n0", "n1", "n2")}
+    for j, placed in result.placement.items():
+        for kind in ("ps-", "worker-"):
+            old = [n for t, n in current[j].items() if t.startswith(kind)]
+            now = [n for t, n in placed.items() if t.startswith(kind)]
+            assert all(now.count(n) >= 1 for n in old), f"{j}'s {kind} task left its node"
+            for n in set(now):
+                new_tasks[n] += now.count(n) - old.count(n)
+    assert all(k <= 2 for k in new_tasks.values()), new_tasks  # each node had 2 CPUs free
+    # shrinking back, no task moves either: it leaves the node holding the fewest of the job's tasks
+    big = {"ps-0": "n0", "ps-1": "n1", "worker-0": "n0", "worker-1": "n0", "worker-2": "n1"}
+    result = place([jobs[0]], {"a": (1, 2)}, _cluster(4, 4, 4), {"a": big})
+    assert result.placement["a"] == {"ps-0": "n0", "worker-0": "n0", "worker-1": "n0"}
+
+
 def test_running_jobs_are_placed_before_jobs_that_start():
     # nodes of 3 CPUs each hold one 2-CPU worker. 'r' runs 2 workers and is to shrink to 1;
     # 'new' (bigger) asks for 2. Placed biggest first, 'new' would take both nodes and 'r'

@@ -15,9 +15,11 @@ spread in proportion to where its workers are.
 Placers (same protocol, ``placer(jobs, decision, cluster, current) -> PlacementResult``):
 - ``locality`` (the project's): one node if the job fits on one (best fit, to
   keep large holes for large jobs); else the fewest nodes, fullest first, with
-  PS shards in proportion to the workers on each node; a running job whose
-  shape did not change stays where it is, unless it spans more nodes than the
-  room left would let it (then it is moved onto fewer: compaction).
+  PS shards in proportion to the workers on each node. A running job whose
+  shape did not change stays where it is; one whose shape changed keeps its
+  tasks where they run and adds or drops tasks around them (a moved task
+  needs room before its old one is released). Either is moved onto fewer
+  nodes if it spans more than the room left would need (compaction).
 - ``spread``: every task on the node with the most room left (like Ray's SPREAD).
 - ``pack``: every task on the first node with room (first fit).
 - ``optimus``: the fewest nodes that take an equal number of PS and workers each.
@@ -299,7 +301,11 @@ def place(
     todo.sort(key=lambda j: (j.id not in current, *biggest(j)))  # running jobs first: a start can wait
     for job in todo:
         p, w = decision[job.id]
-        placed = _place_one(job, p, w, room, set(current.get(job.id, {}).values()), method)
+        placed = None
+        if method == "locality" and job.id in current:
+            placed = _resize_in_place(job, p, w, current[job.id], room)
+        if placed is None:
+            placed = _place_one(job, p, w, room, set(current.get(job.id, {}).values()), method)
         if placed is None and job.id in current:
             placed = _fall_back(job, current[job.id], room, method)
             if placed is not None:
@@ -314,6 +320,67 @@ def place(
         old = current.get(job_id, {})
         result.moves += sum(1 for t, n in placed.items() if t in old and old[t] != n)
     return result
+
+
+def _resize_in_place(job: JobView, p: int, w: int, old: JobPlacement, room: _Room) -> JobPlacement | None:
+    """A running job's new shape with its tasks left where they run: fewer
+    tasks of a kind leave the nodes holding the fewest of the job's tasks;
+    more go next to the job's tasks first (workers where it has the most
+    tasks, PS where it has the most workers), then to the roomiest nodes.
+    None if the kept tasks no longer fit (others took their room) or the new
+    ones find none.
+
+    A task that moves costs a process started before the old one stops (the
+    runtime switches only once the new tasks run); on a full cluster the room
+    for it is held by the job's own old task, so such a rescale waits and
+    fails. Placing from scratch renames and moves tasks freely; this does not.
+    """
+    by_node: dict[str, int] = {}
+    for node in old.values():
+        by_node[node] = by_node.get(node, 0) + 1
+    kinds = {"ps": ([n for t, n in sorted(old.items()) if t.startswith("ps-")], p, job.ps_resources)}
+    kinds["worker"] = ([n for t, n in sorted(old.items()) if t.startswith("worker-")], w, job.worker_resources)
+    taken: list[tuple[str, Resources]] = []
+
+    def take(node: str, r: Resources) -> bool:
+        if node in room.free and room.take(node, r):
+            taken.append((node, r))
+            return True
+        return False
+
+    nodes_of: dict[str, list[str]] = {}
+    for kind, (have, count, r) in kinds.items():
+        nodes_of[kind] = _kept(have, count, by_node)
+        for node in nodes_of[kind]:
+            if not take(node, r):
+                for n, rr in taken:
+                    room.give(n, rr)
+                return None
+    amount = dominant(job)
+    for kind in ("worker", "ps"):  # workers first: PS go where the workers are
+        _, count, r = kinds[kind]
+        mine = nodes_of["worker"] if kind == "ps" else nodes_of["worker"] + nodes_of["ps"]
+        while len(nodes_of[kind]) < count:
+            fits = [n for n in room.order if r.fits_in(room.free[n])]
+            if not fits:
+                for n, rr in taken:
+                    room.give(n, rr)
+                return None
+            node = min(fits, key=lambda n: (-mine.count(n), -amount(room.free[n]), room.order.index(n)))
+            take(node, r)
+            nodes_of[kind].append(node)
+    out = {f"ps-{i}": n for i, n in enumerate(nodes_of["ps"])}
+    out.update({f"worker-{i}": n for i, n in enumerate(nodes_of["worker"])})
+    return out
+
+
+def _kept(have: list[str], count: int, by_node: dict[str, int]) -> list[str]:
+    """The nodes of the ``count`` tasks kept of those on ``have`` (in order):
+    the ones dropped are on the nodes holding the fewest of the job's tasks."""
+    if len(have) <= count:
+        return list(have)
+    dropped = set(sorted(range(len(have)), key=lambda i: (by_node[have[i]], -i))[: len(have) - count])
+    return [n for i, n in enumerate(have) if i not in dropped]
 
 
 def _fall_back(job: JobView, old: JobPlacement, room: _Room, method: str) -> JobPlacement | None:
