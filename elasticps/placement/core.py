@@ -77,6 +77,18 @@ class _Room:
     def give(self, node: str, r: Resources) -> None:
         self.free[node] = self.free[node] + r
 
+    def take_all(self, items: list[tuple[str, Resources]]) -> bool:
+        """Take every ``(node, resources)``, or nothing (a node not here has no room)."""
+        for k, (node, r) in enumerate(items):
+            if node not in self.free or not self.take(node, r):
+                self.give_all(items[:k])
+                return False
+        return True
+
+    def give_all(self, items: list[tuple[str, Resources]]) -> None:
+        for node, r in items:
+            self.give(node, r)
+
     def count_fit(self, node: str, r: Resources) -> int:
         """How many of ``r`` fit on ``node`` now."""
         return _count_fit(self.free[node], r)
@@ -125,8 +137,7 @@ def _place_each(
     for name, r in [(n, job.ps_resources) for n in ps_names] + [(n, job.worker_resources) for n in w_names]:
         node = choose(r)
         if node is None or not room.take(node, r):
-            for n, rr in taken:
-                room.give(n, rr)
+            room.give_all(taken)
             return None
         taken.append((node, r))
         out[name] = node
@@ -152,14 +163,8 @@ def _pack(job: JobView, p: int, w: int, room: _Room) -> JobPlacement | None:
 
 def _assign(job: JobView, plan: list[tuple[str, int, int]], room: _Room) -> JobPlacement | None:
     """Take room for ``plan`` = [(node, #ps, #workers)]; all or nothing."""
-    taken: list[tuple[str, Resources]] = []
-    for node, np_, nw in plan:
-        r = job.resources(np_, nw)
-        if not room.take(node, r):
-            for n, rr in taken:
-                room.give(n, rr)
-            return None
-        taken.append((node, r))
+    if not room.take_all([(node, job.resources(np_, nw)) for node, np_, nw in plan]):
+        return None
     out: JobPlacement = {}
     pi = wi = 0
     for node, np_, nw in plan:
@@ -340,17 +345,12 @@ def _hold_kept(job: JobView, p: int, w: int, old: JobPlacement, room: _Room) -> 
     by_node: dict[str, int] = {}
     for node in old.values():
         by_node[node] = by_node.get(node, 0) + 1
-    out: dict[str, list[str]] = {}
-    taken: list[tuple[str, Resources]] = []
-    for kind, count, r in (("ps", p, job.ps_resources), ("worker", w, job.worker_resources)):
-        out[kind] = _kept([n for t, n in sorted(old.items()) if t.startswith(kind + "-")], count, by_node)
-        for node in out[kind]:
-            if node not in room.free or not room.take(node, r):
-                for n, rr in taken:
-                    room.give(n, rr)
-                return None
-            taken.append((node, r))
-    return out
+    out = {
+        kind: _kept([n for t, n in sorted(old.items()) if t.startswith(kind + "-")], count, by_node)
+        for kind, count in (("ps", p), ("worker", w))
+    }
+    held = [(n, job.ps_resources) for n in out["ps"]] + [(n, job.worker_resources) for n in out["worker"]]
+    return out if room.take_all(held) else None
 
 
 def _add_around(job: JobView, p: int, w: int, kept: dict[str, list[str]], room: _Room) -> JobPlacement | None:
@@ -366,8 +366,7 @@ def _add_around(job: JobView, p: int, w: int, kept: dict[str, list[str]], room: 
         while len(nodes_of[kind]) < count:
             fits = [n for n in room.order if r.fits_in(room.free[n])]
             if not fits:
-                for n, rr in taken:
-                    room.give(n, rr)
+                room.give_all(taken)
                 return None
             node = min(fits, key=lambda n: (-mine.count(n), -amount(room.free[n]), room.order.index(n)))
             room.take(node, r)
@@ -431,16 +430,14 @@ def _compact_one(job: JobView, shape: tuple[int, int], room: _Room, result: Plac
     if spans <= 1:
         return False
     held = [(n, task_resources(job, t)) for t, n in placed.items()]
-    for n, r in held:
-        room.give(n, r)
+    room.give_all(held)
     need = fewest_nodes(job, *shape, room.free)
     again = _locality(job, *shape, room, set()) if need and need < spans else None
     if again is not None and len(set(again.values())) < spans:
         result.placement[job.id] = again
         return True
     if again is not None:
-        for t, n in again.items():
-            room.give(n, task_resources(job, t))
+        room.give_all([(n, task_resources(job, t)) for t, n in again.items()])
     for n, r in held:
         room.take(n, r)
     return False
@@ -456,12 +453,4 @@ def _shape_of(placement: JobPlacement) -> tuple[int, int]:
 
 
 def _keep(job: JobView, old: JobPlacement, room: _Room) -> bool:
-    taken: list[tuple[str, Resources]] = []
-    for task, node in old.items():
-        r = task_resources(job, task)
-        if node not in room.free or not room.take(node, r):
-            for n, rr in taken:
-                room.give(n, rr)
-            return False
-        taken.append((node, r))
-    return True
+    return room.take_all([(node, task_resources(job, task)) for task, node in old.items()])
