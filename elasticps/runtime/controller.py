@@ -745,7 +745,7 @@ class JobController:
         self._flush_window()
         t0 = time.perf_counter()
         before = (len(self.ps), len(self.workers))
-        state = None if [id(t) for t in ps] == [id(t) for t in self.ps] else self._gather_state()
+        state = self._gather_state() if self._shards_change(ps) else None
         self._install_tasks(Shape(len(ps), len(workers)), dict(enumerate(ps)), dict(enumerate(workers)), state)
         pause = time.perf_counter() - t0
         with self._lock:
@@ -756,6 +756,11 @@ class JobController:
             f"released {drops} task(s) ahead of the rescale to {shape.num_ps}x{shape.num_workers}: "
             f"{before[0]}x{before[1]} -> {len(ps)}x{len(workers)} until its new tasks run (no room for them yet)"
         )
+
+    def _shards_change(self, ps: list[Any]) -> bool:
+        """Whether ``ps`` (the PS of a new shape, slot by slot) is not the running
+        PS list as it is: new, fewer, more or reordered shards, cut again."""
+        return [id(t) for t in ps] != [id(t) for t in self.ps]
 
     def _wanted(self, kind: str, shape: Shape, nodes: dict[str, dict[str, float]]) -> list[str | None]:
         """The node each ``kind`` slot of ``shape`` is pinned to (None: anywhere; a gone or suspect node
@@ -862,8 +867,8 @@ class JobController:
         self._flush_window()  # a window measures one shape: the steps before the switch are the old one's
         t0 = time.perf_counter()
         before = (len(self.ps), len(self.workers))
-        same_ps = [id(pending.kept_ps.get(i)) for i in range(pending.shape.num_ps)] == [id(t) for t in self.ps]
-        state = None if same_ps else self._gather_state()  # new, fewer, more or reordered shards: cut again
+        slots = [pending.kept_ps.get(i) for i in range(pending.shape.num_ps)]  # None: a new PS
+        state = self._gather_state() if self._shards_change(slots) else None
         self._install(pending, started, state)
         pause = time.perf_counter() - t0
         record = RescaleRecord(
