@@ -199,3 +199,45 @@ def test_adaptive_batch_jobs_make_the_three_objectives_differ(capsys):
     assert "batch_changes" in out and out.splitlines()[1].startswith("goodput") and "speed" in out
     with pytest.raises(SystemExit, match="--objectives takes goodput, speed, efficiency; got fastest"):
         main(["sim", "--jobs", "5", "--objectives", "goodput,fastest", "--quiet"])
+
+
+def _result(avg_jct_s: float):
+    from elasticps.sim import SimResult
+
+    return SimResult({}, {"avg_jct_s": avg_jct_s}, [], [], {})
+
+
+def test_a_seed_summary_counts_wins_among_non_oracle_policies_and_averages_the_gain():
+    from elasticps.sim.seeds import summarize
+
+    per_seed = {
+        0: {n: _result(v) for n, v in {"static": 100.0, "greedy": 60.0, "elastic": 50.0, "oracle": 40.0}.items()},
+        1: {n: _result(v) for n, v in {"static": 100.0, "greedy": 70.0, "elastic": 70.0, "oracle": 40.0}.items()},
+        2: {n: _result(v) for n, v in {"static": 200.0, "greedy": 90.0, "elastic": 110.0, "oracle": 100.0}.items()},
+    }
+    summary = summarize(per_seed)
+    # the oracle beats everyone on every seed but never counts as a win; a tie counts for both
+    assert summary["elastic"]["best_non_oracle"] == 2 and summary["greedy"]["best_non_oracle"] == 2
+    assert summary["static"]["best_non_oracle"] == 0 and "best_non_oracle" not in summary["oracle"]
+    assert summary["greedy"]["mean_avg_jct_s"] == pytest.approx(220.0 / 3)
+    # elastic's gain: 50/60, 30/60, 90/100
+    assert summary["elastic"]["mean_gain_captured"] == pytest.approx((50 / 60 + 30 / 60 + 0.9) / 3)
+    assert summary["elastic"]["min_gain_captured"] == pytest.approx(0.5)
+    without_oracle = summarize({s: {n: r for n, r in res.items() if n != "oracle"} for s, res in per_seed.items()})
+    assert "mean_gain_captured" not in without_oracle["elastic"]  # no oracle: no gain to capture
+    with pytest.raises(ValueError, match="same policies"):
+        summarize({0: per_seed[0], 1: {"static": _result(1.0)}})
+
+
+def test_cli_seeds_runs_each_seed_and_summarizes(tmp_path, capsys):
+    out = tmp_path / "seeds.json"
+    args = ["sim", "--jobs", "20", "--nodes", "4", "--compare", "static,elastic,oracle", "--quiet"]
+    assert main([*args, "--seed", "5", "--seeds", "2", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "best non-oracle" in table and "of 2" in table
+    data = json.loads(out.read_text())
+    assert set(data["per_seed"]) == {"5", "6"} and set(data["summary"]) == {"static", "elastic", "oracle"}
+    one = simulate(synthetic_workload(20, seed=6), SimConfig(nodes=4, policy="elastic", seed=6))
+    assert data["per_seed"]["6"]["elastic"]["avg_jct_s"] == pytest.approx(one.metrics["avg_jct_s"])
+    with pytest.raises(SystemExit, match="at least 1"):
+        main([*args, "--seeds", "0"])

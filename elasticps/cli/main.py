@@ -202,19 +202,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
-    from elasticps.sim import SimConfig, gain_captured, load_workload, simulate, synthetic_workload
+    from elasticps.sim import gain_captured
 
     for flag, share in (("--gpu-jobs", args.gpu_jobs), ("--adaptive-jobs", args.adaptive_jobs)):
         if not 0.0 <= share <= 1.0:
             raise SystemExit(f"error: {flag} is a share of the jobs, 0..1, got {share:g}")
     if args.compare and args.objectives:
         raise SystemExit("error: --compare (policies) and --objectives: one at a time")
-    if args.workload:
-        workload = load_workload(args.workload)
-    else:
-        workload = synthetic_workload(
-            args.jobs, seed=args.seed, gpu_share=args.gpu_jobs, adaptive_share=args.adaptive_jobs
-        )
     if args.objectives:  # one policy under each objective, the table keyed by objective
         runs = [(args.policy, o.strip()) for o in args.objectives.split(",")]
         bad = [o for _, o in runs if o not in ("goodput", "speed", "efficiency")]
@@ -222,25 +216,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: --objectives takes goodput, speed, efficiency; got {', '.join(bad)}")
     else:
         runs = [(p, args.objective) for p in (args.compare.split(",") if args.compare else [args.policy])]
-    results = {}
-    for policy, objective in runs:
-        config = SimConfig(
-            nodes=args.nodes,
-            node_cpu=args.node_cpu,
-            node_gpu=args.node_gpu,
-            interval_s=args.interval_s,
-            rescale_pause_s=args.rescale_pause_s,
-            policy=policy,
-            objective=objective,
-            **({} if args.efficiency_threshold is None else {"efficiency_threshold": args.efficiency_threshold}),
-            placement=args.placement,
-            fleet_prior=not args.no_fleet_prior,
-            seed=args.seed,
-        )
-        name = objective if args.objectives else policy
-        results[name] = simulate(workload, config, None if args.quiet else _progress_printer(name))
-        if not args.quiet and sys.stderr.isatty():
-            print(file=sys.stderr)
+    if args.seeds is not None:
+        return _sim_seeds(args, runs)
+    results = _sim_runs(args, runs, args.seed)
     if args.plot:
         from elasticps.sim.plots import write_plots
 
@@ -258,6 +236,71 @@ def cmd_sim(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     if len(results) == 1 and not args.json:
         print(json.dumps(data, indent=2, default=str))
+    return 0
+
+
+def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) -> dict:
+    """Each (policy, objective) of ``runs`` simulated on the workload of ``seed``."""
+    from elasticps.sim import SimConfig, load_workload, simulate, synthetic_workload
+
+    if args.workload:
+        workload = load_workload(args.workload)
+    else:
+        workload = synthetic_workload(args.jobs, seed=seed, gpu_share=args.gpu_jobs, adaptive_share=args.adaptive_jobs)
+    results = {}
+    for policy, objective in runs:
+        config = SimConfig(
+            nodes=args.nodes,
+            node_cpu=args.node_cpu,
+            node_gpu=args.node_gpu,
+            interval_s=args.interval_s,
+            rescale_pause_s=args.rescale_pause_s,
+            policy=policy,
+            objective=objective,
+            **({} if args.efficiency_threshold is None else {"efficiency_threshold": args.efficiency_threshold}),
+            placement=args.placement,
+            fleet_prior=not args.no_fleet_prior,
+            seed=seed,
+        )
+        name = objective if args.objectives else policy
+        label = name if args.seeds is None else f"{name} (seed {seed})"
+        results[name] = simulate(workload, config, None if args.quiet else _progress_printer(label))
+        if not args.quiet and sys.stderr.isatty():
+            print(file=sys.stderr)
+    return results
+
+
+def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
+    """``--seeds N``: the same comparison on seeds --seed .. --seed + N - 1; a
+    table of each seed's avg JCT, then each policy's mean, wins and gain."""
+    from elasticps.sim.seeds import summarize
+
+    if args.seeds < 1:
+        raise SystemExit(f"error: --seeds is a count of seeds, at least 1, got {args.seeds}")
+    if args.workload:
+        raise SystemExit("error: --seeds varies the synthetic workload's seed: not with --workload")
+    per_seed = {}
+    for seed in range(args.seed, args.seed + args.seeds):
+        per_seed[seed] = _sim_runs(args, runs, seed)
+    names = list(per_seed[args.seed])
+    print(f"{'seed':>6s} " + " ".join(f"{n:>12s}" for n in names) + "   (avg JCT, s)")
+    for seed, results in per_seed.items():
+        print(f"{seed:6d} " + " ".join(f"{results[n].metrics['avg_jct_s']:12.0f}" for n in names))
+    summary = summarize(per_seed)
+    print(f"\n{'policy':10s} {'mean avg JCT':>14s} {'best non-oracle':>16s} {'gain captured':>22s}")
+    for name, row in summary.items():
+        wins = f"{row['best_non_oracle']} of {row['seeds']}" if "best_non_oracle" in row else "-"
+        gain = "-"
+        if "mean_gain_captured" in row:
+            gain = f"{row['mean_gain_captured']:.0%} (min {row['min_gain_captured']:.0%})"
+        print(f"{name:10s} {row['mean_avg_jct_s']:14.0f} {wins:>16s} {gain:>22s}")
+    if args.json:
+        data = {
+            "summary": summary,
+            "per_seed": {seed: {n: r.to_dict() for n, r in results.items()} for seed, results in per_seed.items()},
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
 
 
@@ -759,6 +802,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--placement", default="locality", choices=["locality", "spread", "pack", "optimus"], help=PLACEMENT_HELP
     )
     sim.add_argument("--seed", type=int, default=0, help="seeds the workload, other tenants and noise")
+    sim.add_argument(
+        "--seeds",
+        type=int,
+        help="run the comparison on this many seeds from --seed on, and report each policy's mean avg JCT, "
+        "its share of the oracle's gain and on how many seeds it was the best non-oracle policy",
+    )
     sim.add_argument(
         "--no-fleet-prior",
         action="store_true",

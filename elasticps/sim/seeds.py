@@ -1,0 +1,49 @@
+"""Comparing policies over many seeds of one workload.
+
+A simulated run is chaotic: a learned model's noise changes one decision,
+which changes every later one, so one policy's avg JCT on one seed moves by
+1-2% with any change to the code (docs/simulator.md). Two policies closer
+than that on a seed are a tie; a claim about which is better needs many
+seeds. :func:`summarize` turns per-seed results into that claim: each
+policy's mean avg JCT, its mean share of the oracle's gain, and on how many
+seeds it had the lowest avg JCT of the policies other than the oracle.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from elasticps.sim.engine import ORACLE, SimResult, gain_captured
+
+
+def summarize(per_seed: dict[int, dict[str, SimResult]]) -> dict[str, dict[str, Any]]:
+    """Per policy: ``mean_avg_jct_s``, ``seeds``, ``best_non_oracle`` (seeds
+    where its avg JCT was the lowest of the non-oracle policies; a tie counts
+    for each), and where static and the oracle ran, ``mean_gain_captured``,
+    ``min_gain_captured``."""
+    if not per_seed:
+        raise ValueError("no seeds to summarize")
+    policies = list(next(iter(per_seed.values())))
+    out: dict[str, dict[str, Any]] = {
+        name: {"seeds": len(per_seed), "best_non_oracle": 0} for name in policies if name != ORACLE
+    }
+    if ORACLE in policies:
+        out[ORACLE] = {"seeds": len(per_seed)}
+    gains: dict[str, list[float]] = {}
+    for results in per_seed.values():
+        if list(results) != policies:
+            raise ValueError(f"every seed must run the same policies: {list(results)} vs {policies}")
+        jct = {name: r.metrics["avg_jct_s"] for name, r in results.items()}
+        best = min(v for name, v in jct.items() if name != ORACLE)
+        for name, v in jct.items():
+            if name != ORACLE and v == best:
+                out[name]["best_non_oracle"] += 1
+        for name, share in gain_captured(results).items():
+            gains.setdefault(name, []).append(share)
+    for name in policies:
+        out[name]["mean_avg_jct_s"] = statistics.fmean(r[name].metrics["avg_jct_s"] for r in per_seed.values())
+        if len(gains.get(name, ())) == len(per_seed):
+            out[name]["mean_gain_captured"] = statistics.fmean(gains[name])
+            out[name]["min_gain_captured"] = min(gains[name])
+    return out
