@@ -29,6 +29,7 @@ A job is placed whole or reported unplaceable, never half-placed.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -342,15 +343,17 @@ def _hold_kept(job: JobView, p: int, w: int, old: JobPlacement, room: _Room) -> 
     them from jobs placed earlier, but in the simulator it cost every policy
     10-14% of avg JCT on the contended workload, seed 0: jobs spread wider.)
     """
-    by_node: dict[str, int] = {}
-    for node in old.values():
-        by_node[node] = by_node.get(node, 0) + 1
+    by_node = Counter(old.values())
     out = {
         kind: _kept([n for t, n in sorted(old.items()) if t.startswith(kind + "-")], count, by_node)
         for kind, count in (("ps", p), ("worker", w))
     }
-    held = [(n, job.ps_resources) for n in out["ps"]] + [(n, job.worker_resources) for n in out["worker"]]
-    return out if room.take_all(held) else None
+    return out if room.take_all(_room_of(job, out)) else None
+
+
+def _room_of(job: JobView, nodes_of: dict[str, list[str]]) -> list[tuple[str, Resources]]:
+    """(node, resources) of each task of ``{"ps": [node, ...], "worker": [...]}``."""
+    return [(n, job.ps_resources) for n in nodes_of["ps"]] + [(n, job.worker_resources) for n in nodes_of["worker"]]
 
 
 def _add_around(job: JobView, p: int, w: int, kept: dict[str, list[str]], room: _Room) -> JobPlacement | None:
@@ -359,7 +362,7 @@ def _add_around(job: JobView, p: int, w: int, kept: dict[str, list[str]], room: 
     nodes; with its kept tasks (held by :func:`_hold_kept`). None, giving back
     the kept tasks' room too, if the new ones do not fit."""
     nodes_of = {kind: list(nodes) for kind, nodes in kept.items()}
-    taken = [(n, job.ps_resources) for n in kept["ps"]] + [(n, job.worker_resources) for n in kept["worker"]]
+    taken = _room_of(job, kept)
     amount = dominant(job)
     for kind, count, r in (("worker", w, job.worker_resources), ("ps", p, job.ps_resources)):
         mine = nodes_of["worker"] if kind == "ps" else nodes_of["worker"] + nodes_of["ps"]
@@ -438,8 +441,7 @@ def _compact_one(job: JobView, shape: tuple[int, int], room: _Room, result: Plac
         return True
     if again is not None:
         room.give_all([(n, task_resources(job, t)) for t, n in again.items()])
-    for n, r in held:
-        room.take(n, r)
+    room.take_all(held)  # the room it held a moment ago: it is free again
     return False
 
 
