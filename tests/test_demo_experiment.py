@@ -111,11 +111,14 @@ def test_repeated_runs_rotate_so_no_run_is_always_first_on_a_cold_machine():
 
 
 def test_target_summary_takes_medians_over_runs_and_counts_runs_that_missed():
-    def result(to_target: list[float | None], trained: list[float | None], epochs: list[int | None]):
+    def result(to_target: list[float | None], trained: list[float | None], epochs: list[int | None], cpus=2.0):
         jobs = {
-            f"cnn-{i}": {"time_to_target_s": a, "trained_to_target_s": b, "epochs_to_target": e}
+            f"cnn-{i}": {
+                "time_to_target_s": a, "trained_to_target_s": b, "epochs_to_target": e,
+                "mean_cpus": cpus, "total_s": 50.0 + 10 * i, "final_accuracy": 0.98 + 0.01 * i,
+            }
             for i, (a, b, e) in enumerate(zip(to_target, trained, epochs, strict=True))
-        }
+        }  # fmt: skip
         return experiment.ScenarioResult(policy="elastic", jobs=jobs, makespan_s=100.0)
 
     out = {
@@ -123,16 +126,17 @@ def test_target_summary_takes_medians_over_runs_and_counts_runs_that_missed():
         "speed #1": result([30.0, 34.0], [22.0, 26.0], [14, 16]),
         "goodput #2": result([60.0, 70.0], [22.0, 32.0], [8, 10]),
         "speed #2": result([None, 30.0], [None, 20.0], [None, 15]),
-        "goodput #3": result([44.0, 48.0], [18.0, 20.0], [9, 9]),
+        "goodput #3": result([44.0, 48.0], [18.0, 20.0], [9, 9], cpus=3.0),
     }
     s = experiment.target_summary(out)
     assert s["goodput"] == {
         "runs": 3, "reached": 3, "to_target_s": 46.0, "trained_to_target_s": 25.0,
         "epochs_to_target": 9.0, "makespan_s": 100.0,
+        "cpu_s": 220.0, "final_accuracy": 0.985,  # CPU-s per run: 2 x (50 + 60) twice, 3 x 110 once
     }  # fmt: skip
     assert s["speed"]["runs"] == 2 and s["speed"]["reached"] == 1 and s["speed"]["to_target_s"] == 32.0
     lines = experiment.summary_lines(out)
     assert lines[0] == (
         "goodput: over 3 run(s), 3 with every job at the target; medians of the jobs' means: "
-        "to target 46.0 s, trained 25.0 s, epochs 9.0"
+        "to target 46.0 s, trained 25.0 s, epochs 9.0; CPU-seconds held 220, final accuracy 0.9850"
     )

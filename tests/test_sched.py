@@ -264,6 +264,26 @@ def test_efficiency_objective_stops_growing_at_poor_scaling():
     assert sum(by_eff["a"]) < sum(by_speed["a"])
 
 
+def test_efficiency_weighs_a_step_by_the_resources_it_adds_not_its_task_count():
+    # a 4-CPU worker beside a 1-CPU PS: the 2nd worker adds 50% speed for 50% more tasks
+    # but 80% more CPUs, a marginal efficiency of 0.625 -- under the 0.75 default
+    job = make_job(
+        "a",
+        speed=lambda p, w: 100.0 * (1 + 0.5 * (w - 1)) if p >= 1 and w >= 1 else 0.0,
+        ps_resources=Resources(cpu=1.0, memory_gb=1.0),
+        worker_resources=Resources(cpu=4.0, memory_gb=1.0),
+        remaining_samples=1e12,
+    )
+    cluster = make_cluster(n=4, cpu=16)
+    by_goodput, _ = make_policy("elastic", objective="goodput").decide([job], cluster)
+    by_eff, _ = make_policy("elastic", objective="efficiency").decide([job], cluster)
+    assert by_goodput["a"][1] > 1
+    assert by_eff["a"] == (1, 1)
+    # a laxer threshold lets it grow: the threshold, not the model, stops it
+    lax, _ = make_policy("elastic", objective="efficiency", efficiency_threshold=0.6).decide([job], cluster)
+    assert lax["a"][1] > 1
+
+
 def test_jobs_without_ps_are_scheduled():
     allreduce = make_job("ar", speed=lambda p, w: 100.0 * w**0.9, min_ps=0, max_ps=0, remaining_samples=1e9)
     for name in POLICIES:

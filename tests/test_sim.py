@@ -201,10 +201,10 @@ def test_adaptive_batch_jobs_make_the_three_objectives_differ(capsys):
         main(["sim", "--jobs", "5", "--objectives", "goodput,fastest", "--quiet"])
 
 
-def _result(avg_jct_s: float):
+def _result(avg_jct_s: float, cpu_hours: float = 1.0):
     from elasticps.sim import SimResult
 
-    return SimResult({}, {"avg_jct_s": avg_jct_s}, [], [], {})
+    return SimResult({}, {"avg_jct_s": avg_jct_s, "cpu_hours": cpu_hours}, [], [], {})
 
 
 def test_a_seed_summary_counts_wins_among_non_oracle_policies_and_averages_the_gain():
@@ -229,6 +229,22 @@ def test_a_seed_summary_counts_wins_among_non_oracle_policies_and_averages_the_g
         summarize({0: per_seed[0], 1: {"static": _result(1.0)}})
 
 
+def test_a_seed_summary_gives_each_runs_change_against_the_first():
+    from elasticps.sim.seeds import summarize
+
+    per_seed = {
+        0: {"goodput": _result(100.0, cpu_hours=50.0), "efficiency": _result(110.0, cpu_hours=40.0)},
+        1: {"goodput": _result(200.0, cpu_hours=80.0), "efficiency": _result(180.0, cpu_hours=72.0)},
+    }
+    summary = summarize(per_seed)
+    assert "avg_jct_vs_first" not in summary["goodput"]
+    assert summary["goodput"]["mean_cpu_hours"] == pytest.approx(65.0)
+    jct, cpu = summary["efficiency"]["avg_jct_vs_first"], summary["efficiency"]["cpu_hours_vs_first"]
+    assert (jct["min"], jct["max"]) == (pytest.approx(-0.1), pytest.approx(0.1)) and jct["mean"] == pytest.approx(0)
+    assert (cpu["min"], cpu["max"]) == (pytest.approx(-0.2), pytest.approx(-0.1))
+    assert cpu["mean"] == pytest.approx(-0.15)
+
+
 def test_cli_seeds_runs_each_seed_and_summarizes(tmp_path, capsys):
     out = tmp_path / "seeds.json"
     args = ["sim", "--jobs", "20", "--nodes", "4", "--compare", "static,elastic,oracle", "--quiet"]
@@ -241,3 +257,5 @@ def test_cli_seeds_runs_each_seed_and_summarizes(tmp_path, capsys):
     assert data["per_seed"]["6"]["elastic"]["avg_jct_s"] == pytest.approx(one.metrics["avg_jct_s"])
     with pytest.raises(SystemExit, match="at least 1"):
         main([*args, "--seeds", "0"])
+    with pytest.raises(SystemExit, match="not with --seeds"):
+        main([*args, "--seeds", "2", "--plot", str(tmp_path / "plots")])

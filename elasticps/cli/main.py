@@ -217,6 +217,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     else:
         runs = [(p, args.objective) for p in (args.compare.split(",") if args.compare else [args.policy])]
     if args.seeds is not None:
+        if args.plot:
+            raise SystemExit("error: --plot draws one run's plots: not with --seeds")
         return _sim_seeds(args, runs)
     results = _sim_runs(args, runs, args.seed)
     if args.plot:
@@ -287,13 +289,21 @@ def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
     for seed, results in per_seed.items():
         print(f"{seed:6d} " + " ".join(f"{results[n].metrics['avg_jct_s']:12.0f}" for n in names))
     summary = summarize(per_seed)
-    print(f"\n{'policy':10s} {'mean avg JCT':>14s} {'best non-oracle':>16s} {'gain captured':>22s}")
+    vs = f"vs {names[0]}"
+    print(
+        f"\n{'policy':10s} {'mean avg JCT':>14s} {'best non-oracle':>16s} {'gain captured':>22s} "
+        f"{'mean CPU-hours':>15s} {'avg JCT ' + vs:>20s} {'CPU-hours ' + vs:>22s}"
+    )
     for name, row in summary.items():
         wins = f"{row['best_non_oracle']} of {row['seeds']}" if "best_non_oracle" in row else "-"
         gain = "-"
         if "mean_gain_captured" in row:
             gain = f"{row['mean_gain_captured']:.0%} (min {row['min_gain_captured']:.0%})"
-        print(f"{name:10s} {row['mean_avg_jct_s']:14.0f} {wins:>16s} {gain:>22s}")
+        jct_vs, cpu_vs = (_change_range(row.get(k)) for k in ("avg_jct_vs_first", "cpu_hours_vs_first"))
+        print(
+            f"{name:10s} {row['mean_avg_jct_s']:14.0f} {wins:>16s} {gain:>22s} "
+            f"{row['mean_cpu_hours']:15.0f} {jct_vs:>20s} {cpu_vs:>22s}"
+        )
     if args.json:
         data = {
             "summary": summary,
@@ -302,6 +312,13 @@ def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
+
+
+def _change_range(change: dict | None) -> str:
+    """A relative change over seeds, as "min .. max": "-31% .. -23%"."""
+    if change is None:
+        return "-"
+    return f"{change['min']:+.0%} .. {change['max']:+.0%}"
 
 
 def _progress_printer(policy: str):
@@ -567,8 +584,8 @@ OBJECTIVE_HELP = (
     "efficiency: goodput, growing a job only while it scales well"
 )
 THRESHOLD_HELP = (
-    "efficiency objective: a job grows only while its relative gain per relative growth in tasks stays at or "
-    "above this (default 0.5; 1.0 is linear scaling)"
+    "efficiency objective: a job grows only while its relative gain per relative growth in its dominant share "
+    "of the cluster stays at or above this (default 0.75; 1.0 is linear scaling)"
 )
 PLACEMENT_HELP = "locality (default): fewest PS bytes across nodes; spread, pack, optimus: the classic rules"
 
@@ -806,7 +823,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds",
         type=int,
         help="run the comparison on this many seeds from --seed on, and report each policy's mean avg JCT, "
-        "its share of the oracle's gain and on how many seeds it was the best non-oracle policy",
+        "its share of the oracle's gain, on how many seeds it was the best non-oracle policy, and its "
+        "avg JCT and CPU-hours against the first run's (with --objectives: against the first objective)",
     )
     sim.add_argument(
         "--no-fleet-prior",

@@ -350,7 +350,9 @@ def target_summary(results: dict[str, ScenarioResult]) -> dict[str, dict[str, fl
     """Per policy or objective, over its runs: the median of the jobs' mean time
     to target from submission, the same from each job's first step (start-up
     left out: on this machine it varies by ~10 s from run to run, whatever the
-    policy), the median mean epochs to target, and how many runs reached it."""
+    policy), the median mean epochs to target, and how many runs reached it;
+    over all its runs, the median CPU-seconds its jobs held (``cpu_s``: each
+    job's mean CPUs x its time) and the median of the jobs' mean final accuracy."""
     out: dict[str, dict[str, float | int | None]] = {}
     for name in dict.fromkeys(base_name(k) for k in results):
         runs = [r for k, r in results.items() if base_name(k) == name]
@@ -367,6 +369,12 @@ def target_summary(results: dict[str, ScenarioResult]) -> dict[str, dict[str, fl
             "trained_to_target_s": med("trained_to_target_s"),
             "epochs_to_target": med("epochs_to_target"),
             "makespan_s": round(statistics.median(r.makespan_s for r in runs), 2),
+            "cpu_s": round(
+                statistics.median(sum(j["mean_cpus"] * j["total_s"] for j in r.jobs.values()) for r in runs), 1
+            ),
+            "final_accuracy": round(
+                statistics.median(statistics.fmean(j["final_accuracy"] for j in r.jobs.values()) for r in runs), 4
+            ),
         }
     return out
 
@@ -423,7 +431,8 @@ def summary_lines(results: dict[str, ScenarioResult]) -> list[str]:
     return [
         f"{name}: over {s['runs']} run(s), {s['reached']} with every job at the target; medians of the "
         f"jobs' means: to target {_secs(s['to_target_s'])} s, trained {_secs(s['trained_to_target_s'])} s, "
-        f"epochs {s['epochs_to_target'] if s['epochs_to_target'] is not None else 'never'}"
+        f"epochs {s['epochs_to_target'] if s['epochs_to_target'] is not None else 'never'}; "
+        f"CPU-seconds held {s['cpu_s']:.0f}, final accuracy {s['final_accuracy']:.4f}"
         for name, s in target_summary(results).items()
     ]
 

@@ -3,9 +3,11 @@
 - ``speed``: raw samples/s (an adaptive job's largest batch, where steps are cheapest per sample).
 - ``goodput`` (default): samples/s x statistical efficiency E(M) (see :mod:`.goodput`),
   the batch chosen per shape to maximise it: progress per second.
-- ``efficiency``: goodput, but a job grows only while each added task keeps
-  its marginal efficiency -- relative goodput gain over relative resource
-  increase (1.0 is linear scaling) -- at or above a threshold.
+- ``efficiency``: goodput, but a job grows only while each step keeps its
+  marginal efficiency -- relative goodput gain over relative growth in the
+  job's dominant share of the cluster (1.0 is linear scaling) -- at or above
+  a threshold (0.75 by default: an added CPU must bring at least 3/4 of
+  what each CPU the job holds already brings).
 
 With a fixed batch, E is a constant factor per job, so goodput and speed
 decide alike; they differ for jobs whose batch adapts.
@@ -20,7 +22,7 @@ from elasticps.errors import ConfigError
 from elasticps.sched.goodput import best_batch, statistical_efficiency
 from elasticps.sched.types import Decision, JobView
 
-DEFAULT_EFFICIENCY_THRESHOLD = 0.5
+DEFAULT_EFFICIENCY_THRESHOLD = 0.75
 
 
 class Objective(StrEnum):
@@ -67,11 +69,11 @@ def utility_at_batch(job: JobView, p: int, w: int, batch: int, objective: Object
     return speed * statistical_efficiency(batch, job.noise_scale, job.batch_sizes[0])
 
 
-def marginal_efficiency(u_old: float, u_new: float, tasks_old: int, tasks_new: int) -> float:
-    """(relative utility gain) / (relative growth in tasks); 1.0 is linear scaling."""
-    if u_old <= 0 or tasks_old <= 0:
+def marginal_efficiency(u_old: float, u_new: float, held_old: float, held_new: float) -> float:
+    """(relative utility gain) / (relative growth in what the job holds); 1.0 is linear scaling."""
+    if u_old <= 0 or held_old <= 0:
         return float("inf") if u_new > 0 else 0.0
-    return ((u_new - u_old) / u_old) / ((tasks_new - tasks_old) / tasks_old)
+    return ((u_new - u_old) / u_old) / ((held_new - held_old) / held_old)
 
 
 def objective_of(job: JobView, default: Objective) -> Objective:

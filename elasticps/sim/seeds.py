@@ -5,8 +5,11 @@ which changes every later one, so one policy's avg JCT on one seed moves by
 1-2% with any change to the code (docs/simulator.md). Two policies closer
 than that on a seed are a tie; a claim about which is better needs many
 seeds. :func:`summarize` turns per-seed results into that claim: each
-policy's mean avg JCT, its mean share of the oracle's gain, and on how many
-seeds it had the lowest avg JCT of the policies other than the oracle.
+policy's mean avg JCT, its mean share of the oracle's gain, on how many
+seeds it had the lowest avg JCT of the policies other than the oracle, and
+the range over seeds of its avg JCT and CPU-hours against the first run's
+(how ``--objectives goodput,speed,efficiency`` is judged: each against
+goodput).
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from elasticps.sim.engine import ORACLE, SimResult, gain_captured
 def summarize(per_seed: dict[int, dict[str, SimResult]]) -> dict[str, dict[str, Any]]:
     """Per policy: ``mean_avg_jct_s``, ``seeds``, ``best_non_oracle`` (seeds
     where its avg JCT was the lowest of the non-oracle policies; a tie counts
-    for each), and where static and the oracle ran, ``mean_gain_captured``,
-    ``min_gain_captured``."""
+    for each), ``mean_cpu_hours``, and where static and the oracle ran,
+    ``mean_gain_captured``, ``min_gain_captured``. Every run after the first
+    also has ``avg_jct_vs_first`` and ``cpu_hours_vs_first``: the relative
+    change against the first run of the same seed (-0.2: 20% less), as
+    ``{"min", "mean", "max"}`` over the seeds."""
     if not per_seed:
         raise ValueError("no seeds to summarize")
     policies = list(next(iter(per_seed.values())))
@@ -41,8 +47,18 @@ def summarize(per_seed: dict[int, dict[str, SimResult]]) -> dict[str, dict[str, 
                 out[name]["best_non_oracle"] += 1
         for name, share in gain_captured(results).items():
             gains.setdefault(name, []).append(share)
+    first = policies[0]
     for name in policies:
         out[name]["mean_avg_jct_s"] = statistics.fmean(r[name].metrics["avg_jct_s"] for r in per_seed.values())
+        out[name]["mean_cpu_hours"] = statistics.fmean(r[name].metrics["cpu_hours"] for r in per_seed.values())
+        if name != first:
+            for metric in ("avg_jct_s", "cpu_hours"):
+                changes = [r[name].metrics[metric] / r[first].metrics[metric] - 1.0 for r in per_seed.values()]
+                out[name][f"{metric.removesuffix('_s')}_vs_first"] = {
+                    "min": min(changes),
+                    "mean": statistics.fmean(changes),
+                    "max": max(changes),
+                }
         if len(gains.get(name, ())) == len(per_seed):
             out[name]["mean_gain_captured"] = statistics.fmean(gains[name])
             out[name]["min_gain_captured"] = min(gains[name])

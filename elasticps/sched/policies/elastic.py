@@ -84,7 +84,13 @@ class ElasticPolicy:
                 # ~ time saved on the remaining work: T_rem * (1 - u_old/u_new) ~ T_rem * gain
                 gain *= (job.remaining_samples / u_old) ** self.time_weight
             if obj is Objective.EFFICIENCY and (
-                marginal_efficiency(u_old, u_new, sum(old), sum(new)) < self.efficiency_threshold
+                marginal_efficiency(
+                    u_old,
+                    u_new,
+                    job.resources(*old).dominant_share(total),
+                    job.resources(*new).dominant_share(total),
+                )
+                < self.efficiency_threshold
             ):
                 return None
             return gain / task_share(job, old, new, total)
