@@ -47,6 +47,8 @@ def test_bad_targets_and_thresholds_are_refused_before_any_work(capsys):
     assert "--target is an accuracy, 0..1, got 98" in capsys.readouterr().err
     assert main(["demo", "--cores-per-cpu", "0"]) == 2
     assert "--cores-per-cpu must be above 0, got 0" in capsys.readouterr().err
+    assert main(["demo", "--objectives", "goodput", "--lr", "-0.1"]) == 2
+    assert "--lr must be above 0, got -0.1" in capsys.readouterr().err
     assert main(["demo", "--objectives", "goodput", "--repeats", "0"]) == 2
     assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
     assert main(["sim", "--jobs", "5", "--nodes", "2", "--quiet", "--efficiency-threshold", "-1"]) != 0

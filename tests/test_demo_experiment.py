@@ -140,3 +140,12 @@ def test_target_summary_takes_medians_over_runs_and_counts_runs_that_missed():
         "goodput: over 3 run(s), 3 with every job at the target; medians of the jobs' means: "
         "to target 46.0 s, trained 25.0 s, epochs 9.0; CPU-seconds held 220, final accuracy 0.9850"
     )
+
+
+def test_the_jobs_learning_rate_reaches_their_programs():
+    from elasticps.program import load_program
+
+    default = [load_program(s.program, s.args) for s in experiment.Setup().job_specs()]
+    slower = [load_program(s.program, s.args) for s in experiment.Setup(lr=0.02, max_batch_size=512).job_specs()]
+    assert [p.lr for p in default] == [0.05] * 3
+    assert [p.lr for p in slower] == [0.02] * 3 and all(p.max_batch_size == 512 for p in slower)

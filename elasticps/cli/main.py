@@ -42,6 +42,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         setup = replace(setup, epochs=tuple(args.epochs * k // 3 for k in (3, 4, 5)))
     if args.tenant_s is not None:
         setup = replace(setup, tenant_s=args.tenant_s)
+    if args.lr is not None:
+        if not args.lr > 0:
+            print(f"error: --lr must be above 0, got {args.lr:g}", file=sys.stderr)
+            return 2
+        setup = replace(setup, lr=args.lr)
     if args.cores_per_cpu is not None:
         if not args.cores_per_cpu > 0:
             print(f"error: --cores-per-cpu must be above 0, got {args.cores_per_cpu:g}", file=sys.stderr)
@@ -616,6 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the list this many times, each time starting one further along it; the table adds medians",
     )
     demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
+    demo.add_argument(
+        "--lr", type=float, help="the jobs' SGD learning rate at batch 128 (default 0.05; lower: longer to the target)"
+    )
     demo.add_argument(
         "--tenant-s", type=float, help="the other tenant leaves this long after every job ran (default 15)"
     )

@@ -63,10 +63,13 @@ class Setup:
     policy_options: tuple[tuple[str, float], ...] = ()  # e.g. (("rescale_cost_s", 1.0),)
     max_batch_size: int | None = None  # the jobs' batch (128) may grow up to this
     target_accuracy: float = 0.98
+    lr: float | None = None  # the jobs' learning rate at batch 128 (None: the program's 0.05)
 
     def job_specs(self) -> list[JobSpec]:
         task = {"cpu": 1.0, "cpu_limit": self.cores_per_cpu}
-        extra = {"max_batch_size": self.max_batch_size} if self.max_batch_size else {}
+        extra: dict[str, Any] = {"max_batch_size": self.max_batch_size} if self.max_batch_size else {}
+        if self.lr is not None:
+            extra["lr"] = self.lr
         return [
             JobSpec.model_validate(
                 {

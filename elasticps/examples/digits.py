@@ -97,7 +97,11 @@ def program(
 
 
 def cnn_program(
-    epochs: int = 12, batch_size: int = 128, seed: int = 0, max_batch_size: int | None = None
+    epochs: int = 12,
+    batch_size: int = 128,
+    seed: int = 0,
+    max_batch_size: int | None = None,
+    lr: float | None = None,
 ) -> TrainingProgram:
-    """The CNN on digits (SGD with momentum): what ``elasticps demo`` trains."""
-    return program(epochs=epochs, batch_size=batch_size, seed=seed, model="cnn", max_batch_size=max_batch_size)
+    """The CNN on digits (SGD with momentum, lr 0.05 unless given): what ``elasticps demo`` trains."""
+    return program(epochs=epochs, batch_size=batch_size, seed=seed, model="cnn", max_batch_size=max_batch_size, lr=lr)
