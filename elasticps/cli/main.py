@@ -133,6 +133,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         _write_json(args.json, explore_bench.run(args.grid, probes=_int_list(args.probes)))
         return 0
+    if args.what == "batches":
+        from elasticps.bench import batches_bench
+
+        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        try:
+            result = batches_bench.run(
+                _int_list(args.batches), seeds=args.seeds, target=args.target, lr=args.lr, say=say
+            )
+        except ValueError as exc:
+            raise SystemExit(f"error: bench batches: {exc}") from None
+        _write_json(args.json, result)
+        return 0
     raise SystemExit(f"unknown benchmark {args.what!r}")
 
 
@@ -642,10 +654,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")
     bench.add_argument(
         "what",
-        choices=["runtime", "scheduler", "manager", "placement", "chaos", "shapes", "explore"],
+        choices=["runtime", "scheduler", "manager", "placement", "chaos", "shapes", "explore", "batches"],
         help="runtime: throughput and rescale pauses; scheduler: decision time; manager: a live round's time "
         "with many ended jobs stored; placement: cross-node bytes; "
-        "chaos: faults vs invariants; shapes: a real job's speed grid; explore: the probe walk on that grid",
+        "chaos: faults vs invariants; shapes: a real job's speed grid; explore: the probe walk on that grid; "
+        "batches: epochs to a target accuracy at each fixed global batch (what a bigger batch costs)",
     )
     bench.add_argument(
         "--steps", type=int, default=None, help="placement: steps per job (20); shapes: steps timed per shape (8)"
@@ -666,6 +679,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--grid", default="docs/results/bench-shapes.json", help="explore: a measured grid from 'bench shapes'"
     )
     bench.add_argument("--probes", default="3,5,8", help="explore: report the choice after this many probes")
+    bench.add_argument("--batches", default="128,256,512", help="batches: the global batches to train at")
+    bench.add_argument("--seeds", type=int, default=3, help="batches: seeds (data order and init) per batch")
+    bench.add_argument("--target", type=float, default=0.98, help="batches: the held-out accuracy to reach")
+    bench.add_argument("--lr", type=float, default=0.02, help="batches: learning rate at batch 128 (sqrt-scaled)")
     bench.add_argument(
         "--json", nargs="?", const="", default="", help="also write the JSON to this path (it is always printed)"
     )

@@ -33,12 +33,14 @@ def train_single_process(
     threads: int | None = None,
     skip_steps: int = 0,
     batch_schedule: Callable[[int], int] | None = None,
+    epoch_end: Callable[[int, torch.nn.Module], bool] | None = None,
 ) -> ReferenceResult:
     """Plain PyTorch training (model, ``torch.optim``, one process), step for step
     the same global batches as the runtime, with the learning rate of
     :meth:`TrainingProgram.lr_at`. ``batch_schedule(step)``: the global batch of
     each step (the program's ``batch_size`` by default). Times only the steps
-    after ``skip_steps``."""
+    after ``skip_steps``. ``epoch_end(epochs_done, model)`` runs after the step
+    that ends each epoch; training stops when it returns True."""
     if threads is not None:
         torch.set_num_threads(threads)
     model = program.build_model()
@@ -54,6 +56,7 @@ def train_single_process(
         if steps == skip_steps:
             t0, samples = time.perf_counter(), 0
         batch = program.batch_size if batch_schedule is None else batch_schedule(steps)
+        epoch = pos.epoch
         idx, pos = batches.take(pos, batch)
         x, y = fetch_batch(dataset, idx)
         for group in opt.param_groups:
@@ -65,6 +68,11 @@ def train_single_process(
         losses.append(float(loss.detach()))
         steps += 1
         samples += len(idx)
+        if epoch_end is not None and pos.epoch != epoch:
+            stop = epoch_end(pos.epoch, model)
+            model.train()
+            if stop:
+                break
     return ReferenceResult(flat_params(model), steps, samples, time.perf_counter() - t0, losses)
 
 
