@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from elasticps.cli.main import main
 from elasticps.demo import experiment, report
 
 pytestmark = pytest.mark.slow
@@ -88,6 +89,24 @@ def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
     assert back["elastic"].jobs.keys() == out["elastic"].jobs.keys()
     assert len(back["static"].timeline) == len(out["static"].timeline)
     assert back["elastic"].rounds == [(t, {n: list(s) for n, s in d.items()}) for t, d in out["elastic"].rounds]
+    # what `demo --json` saved draws the same table, report and plots again (`demo --from-json`)
+    saved = tmp_path / "demo.json"
+    saved.write_text(json.dumps({"setup": {"epochs": setup.epochs}, "summary": None, "results": {
+        p: r.to_dict() for p, r in out.items()}}))  # fmt: skip
+    assert main(["demo", "--from-json", str(saved), "--html", str(tmp_path / "again.html"),
+                 "--plots", str(tmp_path / "plots")]) == 0  # fmt: skip
+    assert (tmp_path / "again.html").read_text().count("data:image/png;base64,") == 4
+    pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert pngs == ["cpus.png", "jct.png", "metric.png", "samples_per_s.png"]
+    assert all((tmp_path / "plots" / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in pngs)
+    saved.write_text("{}")
+    assert main(["demo", "--from-json", str(saved)]) == 2
+
+
+def test_the_cpu_plot_puts_each_policy_in_a_column_and_each_repeat_in_a_row():
+    keys = ["static #1", "elastic #1", "elastic #2", "static #2"]
+    assert report._grid(keys) == (["1", "2"], ["static", "elastic"])
+    assert report._grid(["static", "elastic"]) == ([""], ["static", "elastic"])
 
 
 def test_time_and_epochs_to_target_count_to_the_first_epoch_at_the_target():

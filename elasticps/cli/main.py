@@ -72,12 +72,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         print(f"error: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
         return 2
+    if args.from_json:
+        return _demo_from_json(args)
     results = experiment.run(setup, policies, objectives=objectives, repeats=args.repeats)
     text = experiment.table(results, setup.target_accuracy if objectives else None)
     print()
     print(text)
     html_path = report.write_html(results, Path(args.html), text, asdict(setup))
     print(f"report: {html_path}")
+    if args.plots:
+        for path in report.write_pngs(results, Path(args.plots)):
+            print(f"plot: {path}")
     if args.json:
         figures = {
             "setup": asdict(setup),
@@ -87,6 +92,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
         print(f"figures: {args.json}")
+    return 0
+
+
+def _demo_from_json(args: argparse.Namespace) -> int:
+    """``demo --from-json FILE``: the table, the HTML report and ``--plots`` of a saved run."""
+    from elasticps.demo import experiment, report
+
+    try:
+        saved = json.loads(Path(args.from_json).read_text())
+        results = {k: experiment.ScenarioResult.from_dict(r) for k, r in saved["results"].items()}
+        setup = saved["setup"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: --from-json {args.from_json}: not a saved demo run ({exc})", file=sys.stderr)
+        return 2
+    target = setup.get("target_accuracy") if saved.get("summary") else None
+    text = experiment.table(results, target)
+    print(text)
+    print(f"report: {report.write_html(results, Path(args.html), text, setup)}")
+    for path in report.write_pngs(results, Path(args.plots)) if args.plots else []:
+        print(f"plot: {path}")
     return 0
 
 
@@ -646,6 +671,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--html", default="out/demo/report.html", help="where to write the HTML report")
     demo.add_argument("--json", help="write the figures (and timelines) here")
+    demo.add_argument("--plots", help="also write the report's plots as PNG files into this directory")
+    demo.add_argument(
+        "--from-json",
+        help="instead of running: the table, report and --plots from what an earlier run saved with --json",
+    )
     demo.add_argument(
         "--single-job", action="store_true", help="instead: one digits job rescaled by hand, 1x1 -> 2x3 -> 1x2"
     )

@@ -31,18 +31,25 @@ def figures(results: dict[str, ScenarioResult]) -> dict[str, str]:
     styles = ["--", "-", ":", "-."]
     out: dict[str, str] = {}
 
-    fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 3.6), sharey=True, squeeze=False)
-    for ax, (policy, r) in zip(axes[0], results.items(), strict=True):
+    # one column per policy or objective, one row per repeat
+    rows, cols = _grid(list(results))
+    fig, axes = plt.subplots(
+        len(rows), len(cols), figsize=(5.5 * len(cols), 3.6 * len(rows)), sharey=True, squeeze=False
+    )
+    for ax, (policy, r) in ((axes[rows.index(_repeat(k))][cols.index(_base(k))], (k, results[k])) for k in results):
         ts = [s.t for s in r.timeline]
         stacks = [[_tasks(s.jobs.get(n)) for s in r.timeline] for n in names]
         stacks.append([s.tenant_cpu for s in r.timeline])
         ax.stackplot(ts, stacks, labels=[*names, "other tenant"], colors=[*colours.values(), "0.7"], step="post")
         ax.axhline(r.cluster_cpus, color="k", lw=0.8)
         ax.set_title(f"{policy}: CPUs held (cluster {r.cluster_cpus:g})")
+    for ax in axes[-1]:
         ax.set_xlabel("seconds since submission")
-    axes[0][0].set_ylabel("CPUs")
+    for row in axes:
+        row[0].set_ylabel("CPUs")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, -0.08))
+    fig.tight_layout(rect=(0, 0.2 / (3.6 * len(rows)) + 0.02, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, 0.0))
     out["cpus"] = _png(fig)
     plt.close(fig)
 
@@ -74,6 +81,31 @@ def figures(results: dict[str, ScenarioResult]) -> dict[str, str]:
     out["jct"] = _png(fig)
     plt.close(fig)
     return out
+
+
+def _base(key: str) -> str:
+    return key.split(" #")[0]
+
+
+def _repeat(key: str) -> str:
+    return key.partition(" #")[2]
+
+
+def _grid(keys: list[str]) -> tuple[list[str], list[str]]:
+    """The repeats (rows) and the policies or objectives (columns) that result
+    keys such as ``static #2`` name, in first-seen order."""
+    return list(dict.fromkeys(_repeat(k) for k in keys)), list(dict.fromkeys(_base(k) for k in keys))
+
+
+def write_pngs(results: dict[str, ScenarioResult], directory: Path) -> list[Path]:
+    """The report's figures as PNG files in ``directory`` (cpus.png, metric.png,
+    samples_per_s.png, jct.png)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, data in figures(results).items():
+        paths.append(directory / f"{name}.png")
+        paths[-1].write_bytes(base64.b64decode(data))
+    return paths
 
 
 def _tasks(job: dict[str, Any] | None) -> int:
