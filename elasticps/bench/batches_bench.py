@@ -24,9 +24,7 @@ from elasticps.runtime.reference import train_single_process
 def epochs_to_target(batch: int, seed: int, target: float, lr: float, max_epochs: int) -> tuple[int | None, int | None]:
     """(epochs, steps) until the test accuracy first reached ``target`` training
     at global batch ``batch`` throughout (None, None: not within ``max_epochs``)."""
-    program = digits.program(
-        epochs=max_epochs, batch_size=128, seed=seed, model="cnn", max_batch_size=max(batch, 128), lr=lr
-    )
+    program = digits.cnn_program(epochs=max_epochs, batch_size=128, seed=seed, max_batch_size=max(batch, 128), lr=lr)
     x_test, y_test = digits.test_set().tensors
     reached: list[int] = []
 

@@ -35,7 +35,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from dataclasses import asdict, replace
 
-    from elasticps.demo import experiment, report
+    from elasticps.demo import experiment
 
     setup = experiment.Setup()
     if args.epochs:
@@ -75,14 +75,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.from_json:
         return _demo_from_json(args)
     results = experiment.run(setup, policies, objectives=objectives, repeats=args.repeats)
-    text = experiment.table(results, setup.target_accuracy if objectives else None)
     print()
-    print(text)
-    html_path = report.write_html(results, Path(args.html), text, asdict(setup))
-    print(f"report: {html_path}")
-    if args.plots:
-        for path in report.write_pngs(results, Path(args.plots)):
-            print(f"plot: {path}")
+    _demo_outputs(args, results, asdict(setup), setup.target_accuracy if objectives else None)
     if args.json:
         figures = {
             "setup": asdict(setup),
@@ -97,7 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _demo_from_json(args: argparse.Namespace) -> int:
     """``demo --from-json FILE``: the table, the HTML report and ``--plots`` of a saved run."""
-    from elasticps.demo import experiment, report
+    from elasticps.demo import experiment
 
     try:
         saved = json.loads(Path(args.from_json).read_text())
@@ -106,13 +100,21 @@ def _demo_from_json(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"error: --from-json {args.from_json}: not a saved demo run ({exc})", file=sys.stderr)
         return 2
-    target = setup.get("target_accuracy") if saved.get("summary") else None
+    _demo_outputs(args, results, setup, setup.get("target_accuracy") if saved.get("summary") else None)
+    return 0
+
+
+def _demo_outputs(args: argparse.Namespace, results: dict, setup: dict[str, Any], target: float | None) -> None:
+    """What a demo run shows: the table on stdout, the HTML report, and with
+    ``--plots`` its figures as PNG files."""
+    from elasticps.demo import experiment, report
+
     text = experiment.table(results, target)
     print(text)
-    print(f"report: {report.write_html(results, Path(args.html), text, setup)}")
-    for path in report.write_pngs(results, Path(args.plots)) if args.plots else []:
-        print(f"plot: {path}")
-    return 0
+    plots = Path(args.plots) if args.plots else None
+    print(f"report: {report.write_html(results, Path(args.html), text, setup, plots=plots)}")
+    if plots is not None:
+        print(f"plots: {plots}/")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -8,6 +8,8 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elasticps.demo.experiment import base_name
+
 if TYPE_CHECKING:
     from elasticps.demo.experiment import ScenarioResult
 
@@ -36,7 +38,8 @@ def figures(results: dict[str, ScenarioResult]) -> dict[str, str]:
     fig, axes = plt.subplots(
         len(rows), len(cols), figsize=(5.5 * len(cols), 3.6 * len(rows)), sharey=True, squeeze=False
     )
-    for ax, (policy, r) in ((axes[rows.index(_repeat(k))][cols.index(_base(k))], (k, results[k])) for k in results):
+    for policy, r in results.items():
+        ax = axes[rows.index(_repeat(policy))][cols.index(base_name(policy))]
         ts = [s.t for s in r.timeline]
         stacks = [[_tasks(s.jobs.get(n)) for s in r.timeline] for n in names]
         stacks.append([s.tenant_cpu for s in r.timeline])
@@ -83,10 +86,6 @@ def figures(results: dict[str, ScenarioResult]) -> dict[str, str]:
     return out
 
 
-def _base(key: str) -> str:
-    return key.split(" #")[0]
-
-
 def _repeat(key: str) -> str:
     return key.partition(" #")[2]
 
@@ -94,18 +93,14 @@ def _repeat(key: str) -> str:
 def _grid(keys: list[str]) -> tuple[list[str], list[str]]:
     """The repeats (rows) and the policies or objectives (columns) that result
     keys such as ``static #2`` name, in first-seen order."""
-    return list(dict.fromkeys(_repeat(k) for k in keys)), list(dict.fromkeys(_base(k) for k in keys))
+    return list(dict.fromkeys(_repeat(k) for k in keys)), list(dict.fromkeys(base_name(k) for k in keys))
 
 
-def write_pngs(results: dict[str, ScenarioResult], directory: Path) -> list[Path]:
-    """The report's figures as PNG files in ``directory`` (cpus.png, metric.png,
-    samples_per_s.png, jct.png)."""
+def _write_pngs(imgs: dict[str, str], directory: Path) -> None:
+    """Rendered figures (name -> base64 PNG) as ``directory/NAME.png``."""
     directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, data in figures(results).items():
-        paths.append(directory / f"{name}.png")
-        paths[-1].write_bytes(base64.b64decode(data))
-    return paths
+    for name, data in imgs.items():
+        (directory / f"{name}.png").write_bytes(base64.b64decode(data))
 
 
 def _tasks(job: dict[str, Any] | None) -> int:
@@ -116,8 +111,18 @@ def _running_or_done(r: ScenarioResult, name: str, t: float) -> bool:
     return t <= r.jobs[name]["total_s"] + 1.0
 
 
-def write_html(results: dict[str, ScenarioResult], path: Path, table_text: str, setup: dict[str, Any]) -> Path:
+def write_html(
+    results: dict[str, ScenarioResult],
+    path: Path,
+    table_text: str,
+    setup: dict[str, Any],
+    plots: Path | None = None,
+) -> Path:
+    """The report at ``path``; with ``plots``, its figures also as PNG files
+    there (cpus.png, metric.png, samples_per_s.png, jct.png)."""
     imgs = figures(results)
+    if plots is not None:
+        _write_pngs(imgs, plots)
     img = {k: f'<img alt="{k}" src="data:image/png;base64,{v}">' for k, v in imgs.items()}
     events = "".join(
         f"<tr><td>{html.escape(policy)}</td><td>{at:.1f}</td><td>{html.escape(job or 'cluster')}</td>"
