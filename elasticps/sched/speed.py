@@ -84,6 +84,7 @@ class SpeedModel:
         self.best_seen = 0.0  # the highest mean speed of one (shape, nodes) observed
         self.noise = NOISE_FLOOR
         self._seen: dict[tuple[int, int, int], float] = {}  # mean samples/s of each (p, w, nodes) observed
+        self._seen_n: dict[tuple[int, int, int], int] = {}  # how many observations each mean is of
         self._probes: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
 
     def with_span(self, span: SpanFn | None) -> SpeedModel:
@@ -138,6 +139,7 @@ class SpeedModel:
         self._probes = {}
         if not obs:
             self.theta, self.cov, self.shapes, self.best_seen, self._seen = None, None, set(), 0.0, {}
+            self._seen_n = {}
             return self
         groups: dict[tuple[int, int, int, int], list[float]] = {}  # step times of each (p, w, nodes, batch)
         for o in obs:
@@ -150,6 +152,11 @@ class SpeedModel:
         self.shapes = {(p, w) for p, w, _, _ in keys}
         self._seen = {
             (p, w, nodes): float(np.mean([self.batch / v for v in groups[(p, w, nodes, b)][-WEIGHT_CAP:]]))
+            for p, w, nodes, b in keys
+            if b == int(self.batch)
+        }
+        self._seen_n = {
+            (p, w, nodes): min(len(groups[(p, w, nodes, b)]), WEIGHT_CAP)
             for p, w, nodes, b in keys
             if b == int(self.batch)
         }
@@ -263,16 +270,28 @@ class SpeedModel:
     @property
     def identified(self) -> bool:
         """Enough distinct shapes, varying both kinds, to tell every term of the
-        form apart (what a fleet prior pooled over many jobs needs to be used)."""
+        form apart (what a fleet prior pooled over many jobs needs to be used).
+        A kind with no PS (all-reduce: p is always 0) varies only its workers."""
+        ps = {p for p, _ in self.shapes}
         return (
             len(self.shapes) >= IDENTIFIED_SHAPES
-            and len({p for p, _ in self.shapes}) > 1
+            and (len(ps) > 1 or ps == {0})
             and len({w for _, w in self.shapes}) > 1
         )
 
     def observed(self, p: int, w: int) -> float | None:
         """The mean of the latest observations of (p, w) on the nodes it would span, if any."""
         return self._seen.get((p, w, self._nodes(p, w)))
+
+    def observed_count(self, p: int, w: int) -> int:
+        """How many observations :meth:`observed`'s mean is of (up to :data:`WEIGHT_CAP`)."""
+        return self._seen_n.get((p, w, self._nodes(p, w)), 0)
+
+    def spread(self, p: int, w: int) -> float:
+        """The relative std of one new observation of (p, w) around the fitted
+        form: the residual noise and the fit's uncertainty there (for a fleet
+        prior, the noise includes how much jobs of the kind differ)."""
+        return math.hypot(self.noise, self.relative_std(p, w))
 
     def confident(self, min_ps: int, max_ps: int, min_workers: int, max_workers: int) -> bool:
         """Seen something, and no shape within the limits is worth probing."""

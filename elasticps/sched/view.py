@@ -5,9 +5,11 @@ speed: one rule for the live manager and the simulator.
   :meth:`SpeedModel.probes`): any shape within its limits, judged by that model.
 - Not yet, but a fleet prior (a model fitted on jobs of the same kind) has
   seen enough shapes to tell its terms apart (:attr:`SpeedModel.identified`):
-  any shape, judged by the job's own observations where it has them and by
-  the prior elsewhere. A new job starts at the prior's best, not at its
-  minimum, and moves to its target in one rescale.
+  any shape, judged by the prior, combined where the job has run the shape
+  with its own mean there, each weighted by its precision (one noisy epoch
+  does not outweigh what hundreds of the kind's epochs say). A new job
+  starts at the prior's best, not at its minimum, and moves to its target
+  in one rescale.
 - Nothing known: the shape the user asked for (``start``), or the minimum.
 - Some shapes seen, no confident model: up to the current shape or the probes
   (best first; the policy takes the first that fits in the room left).
@@ -57,9 +59,18 @@ class ViewPlan:
 
 
 def _own_else(model: SpeedModel, prior: SpeedModel) -> SpeedFn:
+    """The prior's prediction, combined with the job's own mean where it has
+    one, each weighted by its precision: the own mean of n observations by
+    n / noise^2, the prior as one more observation of its spread."""
+
     def speed(p: int, w: int) -> float:
+        guess = prior.predict(p, w)
         seen = model.observed(p, w)
-        return prior.predict(p, w) if seen is None else seen
+        if seen is None or guess <= 0:
+            return guess if seen is None else seen
+        own = model.observed_count(p, w) / model.noise**2
+        other = 1.0 / prior.spread(p, w) ** 2
+        return (own * seen + other * guess) / (own + other)
 
     return speed
 
