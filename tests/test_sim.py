@@ -259,3 +259,21 @@ def test_cli_seeds_runs_each_seed_and_summarizes(tmp_path, capsys):
         main([*args, "--seeds", "0"])
     with pytest.raises(SystemExit, match="not with --seeds"):
         main([*args, "--seeds", "2", "--plot", str(tmp_path / "plots")])
+
+
+def test_job_speed_spread_makes_jobs_of_one_kind_differ_reproducibly():
+    # the same job five times, each alone (an hour apart), at its static shape
+    work = [
+        WorkloadJob(id=f"j{i}", arrival_s=3600.0 * i, kind="mlp-small", samples=1e6, static_ps=1, static_workers=2)
+        for i in range(5)
+    ]
+
+    def jcts(spread: float) -> list[float]:
+        config = SimConfig(nodes=4, policy="static", tenant_max_share=0, job_speed_spread=spread)
+        return [round(x, 6) for x in simulate(work, config).jct_s]
+
+    assert len(set(jcts(0.0))) == 1  # every job of a kind alike
+    spread = jcts(0.3)
+    assert len(set(spread)) == 5 and spread == jcts(0.3)
+    with pytest.raises(ConfigError, match="at least 0"):
+        simulate(work, SimConfig(nodes=4, job_speed_spread=-0.1))

@@ -306,6 +306,7 @@ def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) 
             **({} if args.efficiency_threshold is None else {"efficiency_threshold": args.efficiency_threshold}),
             placement=args.placement,
             fleet_prior=not args.no_fleet_prior,
+            job_speed_spread=args.job_spread,
             seed=seed,
         )
         name = objective if args.objectives else policy
@@ -887,6 +888,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-fleet-prior",
         action="store_true",
         help="judge a new job by its own observations only, not by earlier jobs of the same kind",
+    )
+    sim.add_argument(
+        "--job-spread",
+        type=float,
+        default=0.0,
+        help="jobs of one kind differ: each job's true speed is its kind's x a lognormal factor of this sigma "
+        "(e.g. 0.2); 0: every job of a kind runs alike",
     )
     sim.add_argument("--compare", help="comma-separated policies to run on the same workload, e.g. static,elastic")
     sim.add_argument(

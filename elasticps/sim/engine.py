@@ -65,6 +65,7 @@ class SimConfig:
     tenant_change_s: float = 3600.0
     tenant_max_share: float = 0.5
     fleet_prior: bool = True
+    job_speed_spread: float = 0.0  # jobs of one kind differ: each job's speed x lognormal(0, this)
     seed: int = 0
 
 
@@ -84,6 +85,7 @@ class _Job:
     history: list[tuple[float, int, int]] = field(default_factory=list)
     batch: int = 0  # the global batch it trains at
     batch_changes: int = 0
+    speed_factor: float = 1.0  # this job's speed against its kind's (SimConfig.job_speed_spread)
 
     @property
     def done_share(self) -> float:
@@ -115,12 +117,12 @@ def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_facto
     """Raw samples/s at the job's batch, as placed."""
     if job.kind.allreduce:
         nodes = len(set(placement.values())) if placement else w
-        return kind_speed(job.kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor)
+        return job.speed_factor * kind_speed(job.kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor)
     if w < 1 or p < 1:
         return 0.0
     total = 2.0 * job.kind.param_bytes * w
     cross = cross_node_bytes_per_step(placement, job.kind.param_bytes) / total if placement else 1.0
-    return kind_speed(job.kind, p, w, cross, local_factor, job.batch)
+    return job.speed_factor * kind_speed(job.kind, p, w, cross, local_factor, job.batch)
 
 
 def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: float, batch: int | None = None) -> float:
@@ -174,6 +176,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     """Run ``workload`` under ``config``; :class:`ConfigError` at once if a job
     could never fit."""
     check_fits(workload, config)
+    if not config.job_speed_spread >= 0:
+        raise ConfigError(f"job speed spread is a lognormal sigma, at least 0, got {config.job_speed_spread:g}")
     rng = random.Random(config.seed)
     oracle = config.policy == ORACLE
     # the oracle decides with the elastic policy's code; only what it knows differs
@@ -231,7 +235,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         span = span_of(job.spec)
 
         def speed(p: int, w: int) -> float:
-            return spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor)
+            return job.speed_factor * spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor)
 
         return speed
 
@@ -239,7 +243,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         span = span_of(job.spec)
 
         def speed_at(p: int, w: int, batch: int) -> float:
-            return spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor, batch)
+            return job.speed_factor * spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor, batch)
 
         return speed_at
 
@@ -365,6 +369,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             spec = arrivals[ai]
             kind = KINDS[spec.kind]
             job = _Job(spec, kind, spec.samples, SpeedModel(kind.batch, span=span_of(spec)), batch=kind.batch)
+            if config.job_speed_spread > 0:  # drawn from the job's own stream: the same job, the same factor
+                factor_rng = random.Random(f"{config.seed}:{spec.id}")
+                job.speed_factor = factor_rng.lognormvariate(0.0, config.job_speed_spread)
             jobs[spec.id] = active[spec.id] = job
             ai += 1
         if t >= next_tenant:
