@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from elasticps.sched import Observation, SpeedModel
 from elasticps.sched.view import ShapeLimits, plan_view
 
@@ -54,14 +58,20 @@ def test_a_fleet_prior_of_a_kind_with_no_ps_counts_once_its_worker_counts_vary()
     assert plan.limits == limits and plan.speed(0, 4) == pooled.predict(0, 4)
 
 
-def test_a_jobs_own_mean_is_weighed_against_the_fleet_prior_by_how_many_observations_it_has():
+def test_a_job_is_judged_by_its_kinds_curve_at_its_own_level():
     prior = _model(*[(p, w) for p in range(1, 5) for w in range(1, 9)])
-    truth = prior.predict(2, 4)
 
-    def plan_after(n: int):
-        own = SpeedModel(64).fit([Observation(2, 4, 1.2 * truth)] * n)  # 20% faster than the prior says
-        return plan_view(own, LIMITS, (2, 4), prior=prior)
+    def plan_after(runs: list[tuple[tuple[int, int], float, int]]):
+        """The job ran each shape n times at factor x what the prior says."""
+        obs = [Observation(*shape, f * prior.predict(*shape)) for shape, f, n in runs for _ in range(n)]
+        return plan_view(SpeedModel(64).fit(obs), LIMITS, runs[-1][0], prior=prior)
 
-    one, ten = plan_after(1).speed(2, 4), plan_after(10).speed(2, 4)
-    assert truth < one < ten < 1.2 * truth  # between the two; more observations, nearer the job's own
-    assert plan_after(1).speed(3, 6) == prior.predict(3, 6)  # where the job has no mean: the prior
+    one = plan_after([((2, 4), 1.2, 1)])  # 20% faster than its kind where it ran
+    assert one.speed(3, 6) == pytest.approx(1.2 * prior.predict(3, 6))  # and so everywhere
+    assert one.speed(2, 4) == pytest.approx(1.2 * prior.predict(2, 4))
+    # at its kind's speed on one shape, 20% faster on another: its level between the two (geometric mean) ...
+    few, many = (plan_after([((1, 2), 1.0, n), ((2, 4), 1.2, n)]) for n in (1, 10))
+    level = math.sqrt(1.2)
+    assert few.speed(3, 6) == pytest.approx(level * prior.predict(3, 6))
+    # ... and where it ran, between its own mean and that level: nearer its own with more observations
+    assert level * prior.predict(2, 4) < few.speed(2, 4) < many.speed(2, 4) < 1.2 * prior.predict(2, 4)

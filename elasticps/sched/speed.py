@@ -283,6 +283,10 @@ class SpeedModel:
         """The mean of the latest observations of (p, w) on the nodes it would span, if any."""
         return self._seen.get((p, w, self._nodes(p, w)))
 
+    def seen_at_span(self) -> list[tuple[int, int, float, int]]:
+        """(p, w, mean samples/s, count) of every shape observed on the nodes it would span."""
+        return [(p, w, v, self._seen_n[(p, w, n)]) for (p, w, n), v in self._seen.items() if n == self._nodes(p, w)]
+
     def observed_count(self, p: int, w: int) -> int:
         """How many observations :meth:`observed`'s mean is of (up to :data:`WEIGHT_CAP`)."""
         return self._seen_n.get((p, w, self._nodes(p, w)), 0)

@@ -5,11 +5,12 @@ speed: one rule for the live manager and the simulator.
   :meth:`SpeedModel.probes`): any shape within its limits, judged by that model.
 - Not yet, but a fleet prior (a model fitted on jobs of the same kind) has
   seen enough shapes to tell its terms apart (:attr:`SpeedModel.identified`):
-  any shape, judged by the prior, combined where the job has run the shape
-  with its own mean there, each weighted by its precision (one noisy epoch
-  does not outweigh what hundreds of the kind's epochs say). A new job
-  starts at the prior's best, not at its minimum, and moves to its target
-  in one rescale.
+  any shape, judged by the prior's curve at the job's own level (how much
+  faster or slower than its kind it ran where it ran), combined where the
+  job has run a shape with its own mean there, each weighted by its
+  precision (one noisy epoch does not outweigh what hundreds of the kind's
+  say). A new job starts at the prior's best, not at its minimum, and moves
+  to its target in one rescale.
 - Nothing known: the shape the user asked for (``start``), or the minimum.
 - Some shapes seen, no confident model: up to the current shape or the probes
   (best first; the policy takes the first that fits in the room left).
@@ -20,6 +21,7 @@ fitted form, else the prior's (:meth:`SpeedModel.batch_ratio`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from elasticps.sched.speed import SpeedModel
@@ -59,12 +61,20 @@ class ViewPlan:
 
 
 def _own_else(model: SpeedModel, prior: SpeedModel) -> SpeedFn:
-    """The prior's prediction, combined with the job's own mean where it has
-    one, each weighted by its precision: the own mean of n observations by
-    n / noise^2, the prior as one more observation of its spread."""
+    """The job is its kind, scaled: the prior's prediction times how much
+    faster the job ran than the prior says at the shapes it has run (the
+    geometric mean of its own means over the prior's, weighted by count), so
+    that a job faster or slower than its kind is judged by its kind's curve
+    at its own level. Where the job has a mean, that mean and the scaled
+    prediction are weighted by their precisions: the own mean of n
+    observations by n / noise^2, the prediction as one more observation of
+    the prior's spread."""
+    logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.predict(p, w)) > 0 and v > 0]
+    count = sum(n for n, _ in logs)
+    scale = math.exp(sum(n * r for n, r in logs) / count) if count else 1.0
 
     def speed(p: int, w: int) -> float:
-        guess = prior.predict(p, w)
+        guess = scale * prior.predict(p, w)
         seen = model.observed(p, w)
         if seen is None or guess <= 0:
             return guess if seen is None else seen
