@@ -150,16 +150,12 @@ class SpeedModel:
         y = np.asarray([float(np.mean(groups[k])) for k in keys])
         n = np.asarray([min(len(groups[k]), WEIGHT_CAP) for k in keys], dtype=float)
         self.shapes = {(p, w) for p, w, _, _ in keys}
-        self._seen = {
-            (p, w, nodes): float(np.mean([self.batch / v for v in groups[(p, w, nodes, b)][-WEIGHT_CAP:]]))
-            for p, w, nodes, b in keys
-            if b == int(self.batch)
-        }
-        self._seen_n = {
-            (p, w, nodes): min(len(groups[(p, w, nodes, b)]), WEIGHT_CAP)
-            for p, w, nodes, b in keys
-            if b == int(self.batch)
-        }
+        self._seen, self._seen_n = {}, {}
+        for p, w, nodes, b in keys:
+            if b == int(self.batch):
+                latest = groups[(p, w, nodes, b)][-WEIGHT_CAP:]
+                self._seen[(p, w, nodes)] = float(np.mean([self.batch / v for v in latest]))
+                self._seen_n[(p, w, nodes)] = len(latest)
         # the prior: its mean from the latest observation, its width the whole step
         prior = self._prior(obs[-1])
         scale = np.mean(np.abs(np.asarray([self._scale_features(p, w) for p, w, _, _ in keys])), axis=0)

@@ -175,9 +175,9 @@ def check_fits(workload: list[WorkloadJob], config: SimConfig) -> None:
 def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = None) -> SimResult:
     """Run ``workload`` under ``config``; :class:`ConfigError` at once if a job
     could never fit."""
-    check_fits(workload, config)
     if not config.job_speed_spread >= 0:
         raise ConfigError(f"job speed spread is a lognormal sigma, at least 0, got {config.job_speed_spread:g}")
+    check_fits(workload, config)
     rng = random.Random(config.seed)
     oracle = config.policy == ORACLE
     # the oracle decides with the elastic policy's code; only what it knows differs
