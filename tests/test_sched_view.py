@@ -7,6 +7,7 @@ import math
 import pytest
 
 from elasticps.sched import Observation, SpeedModel
+from elasticps.sched.speed import PRIOR_TOTAL, fleet_prior
 from elasticps.sched.view import ShapeLimits, plan_view
 
 LIMITS = ShapeLimits(1, 4, 1, 8)
@@ -40,7 +41,7 @@ def test_one_shape_seen_probes_and_a_confident_model_frees_the_range():
 def test_a_confident_fleet_prior_lets_a_new_job_go_straight_to_its_best_shape():
     prior = _model(*[(p, w) for p in range(1, 5) for w in range(1, 9)])
     plan = plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=prior)
-    assert plan.limits == LIMITS and plan.speed(2, 8) == prior.predict(2, 8)
+    assert plan.limits == LIMITS and plan.speed(2, 8) == prior.form(2, 8)
     unsure = _model((1, 2))
     assert plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=unsure).limits == ShapeLimits(1, 1, 1, 1)
 
@@ -55,7 +56,7 @@ def test_a_fleet_prior_of_a_kind_with_no_ps_counts_once_its_worker_counts_vary()
     assert not _model(*[(1, w) for w in range(1, 9)]).identified  # a PS kind must still vary its PS
     limits = ShapeLimits(0, 0, 1, 16)
     plan = plan_view(SpeedModel(256), limits, None, start=(0, 2), prior=pooled)
-    assert plan.limits == limits and plan.speed(0, 4) == pooled.predict(0, 4)
+    assert plan.limits == limits and plan.speed(0, 4) == pooled.form(0, 4)
 
 
 def test_a_job_is_judged_by_its_kinds_curve_at_its_own_level():
@@ -63,15 +64,36 @@ def test_a_job_is_judged_by_its_kinds_curve_at_its_own_level():
 
     def plan_after(runs: list[tuple[tuple[int, int], float, int]]):
         """The job ran each shape n times at factor x what the prior says."""
-        obs = [Observation(*shape, f * prior.predict(*shape)) for shape, f, n in runs for _ in range(n)]
+        obs = [Observation(*shape, f * prior.form(*shape)) for shape, f, n in runs for _ in range(n)]
         return plan_view(SpeedModel(64).fit(obs), LIMITS, runs[-1][0], prior=prior)
 
     one = plan_after([((2, 4), 1.2, 1)])  # 20% faster than its kind where it ran
-    assert one.speed(3, 6) == pytest.approx(1.2 * prior.predict(3, 6))  # and so everywhere
-    assert one.speed(2, 4) == pytest.approx(1.2 * prior.predict(2, 4))
+    assert one.speed(3, 6) == pytest.approx(1.2 * prior.form(3, 6))  # and so everywhere
+    assert one.speed(2, 4) == pytest.approx(1.2 * prior.form(2, 4))
     # at its kind's speed on one shape, 20% faster on another: its level between the two (geometric mean) ...
     few, many = (plan_after([((1, 2), 1.0, n), ((2, 4), 1.2, n)]) for n in (1, 10))
     level = math.sqrt(1.2)
-    assert few.speed(3, 6) == pytest.approx(level * prior.predict(3, 6))
+    assert few.speed(3, 6) == pytest.approx(level * prior.form(3, 6))
     # ... and where it ran, between its own mean and that level: nearer its own with more observations
-    assert level * prior.predict(2, 4) < few.speed(2, 4) < many.speed(2, 4) < 1.2 * prior.predict(2, 4)
+    assert level * prior.form(2, 4) < few.speed(2, 4) < many.speed(2, 4) < 1.2 * prior.form(2, 4)
+
+
+def test_a_fleet_prior_counts_every_report_and_judges_by_its_form():
+    # one job's model keeps to its latest reports of a shape; a fleet prior pools
+    # many jobs' reports, so every one of them counts
+    reports = [Observation(2, 4, 100.0)] * 20 + [Observation(2, 4, 120.0)] * 10 + [Observation(1, 2, 60.0)] * 5
+    assert SpeedModel(64).fit(reports).observed(2, 4) == pytest.approx(120.0)
+    assert fleet_prior(64, reports).observed(2, 4) == pytest.approx(3200 / 30)
+    newest = [Observation(2, 4, 90.0)] * PRIOR_TOTAL  # ... of the newest PRIOR_TOTAL
+    assert fleet_prior(64, reports + newest).observed(2, 4) == pytest.approx(90.0)
+
+    # a bump in the pooled reports at one shape (few reports, off by their noise)
+    # does not make that shape look better than its kind's curve says
+    shapes = [(p, w) for p in range(1, 5) for w in range(1, 9)]
+    pooled = [Observation(p, w, _speed(p, w)) for p, w in shapes if (p, w) != (2, 5) for _ in range(20)]
+    pooled += [Observation(2, 5, 1.1 * _speed(2, 5))] * 2
+    prior = fleet_prior(64, pooled)
+    assert prior.predict(2, 5) > 1.05 * _speed(2, 5)  # its mean of the reports there
+    assert prior.form(2, 5) == pytest.approx(_speed(2, 5), rel=0.01)  # the form, fitted on them all
+    plan = plan_view(SpeedModel(64).fit([Observation(2, 4, _speed(2, 4))]), LIMITS, (2, 4), prior=prior)
+    assert plan.speed(2, 5) == pytest.approx(_speed(2, 5), rel=0.01)

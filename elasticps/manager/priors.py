@@ -15,10 +15,7 @@ from dataclasses import dataclass
 from elasticps.manager.states import ENDED, JobState
 from elasticps.manager.store import JobRecord, Store
 from elasticps.sched import Observation, SpeedModel
-
-#: The fleet prior of a kind of job: the newest observations of each job, and in all.
-PRIOR_PER_JOB = 20
-PRIOR_TOTAL = 400
+from elasticps.sched.speed import PRIOR_PER_JOB, PRIOR_TOTAL, fleet_prior
 
 
 def kind_of(rec: JobRecord) -> tuple:
@@ -80,7 +77,7 @@ class FleetPriors:
         for tail in tails:
             pooled.setdefault(tail.kind, []).extend(tail.observations)
             batches[tail.kind] = (tail.batch, tail.mode)
-        return {kind: SpeedModel(*batches[kind]).fit(obs[-PRIOR_TOTAL:]) for kind, obs in pooled.items() if obs}
+        return {kind: fleet_prior(batches[kind][0], obs, batches[kind][1]) for kind, obs in pooled.items() if obs}
 
     def _remember(self, rec: JobRecord) -> None:
         assert self._ended is not None

@@ -11,7 +11,8 @@ with where the PS traffic goes (c: the fraction of it that crosses nodes,
 Both are linear in the non-negative t's once rewritten (y = M/speed), so they
 are fitted by non-negative least squares, with one row per distinct shape
 (the mean of its observations, weighted by how many there are, up to
-:data:`WEIGHT_CAP`) and a weak prior row per coefficient: 70% of the latest
+:data:`WEIGHT_CAP` for one job's model, all of them for a fleet prior) and a
+weak prior row per coefficient: 70% of the latest
 observed step is compute and 30% PS traffic, traffic across nodes
 :data:`CROSS_COST` times dearer than on one node, each coefficient free to be
 off by as much as the whole step. Directions the data do not pin down stay at
@@ -45,6 +46,8 @@ MAX_RELATIVE_STD = 1.0  # extrapolation far from the data counts no more optimis
 WEIGHT_CAP = 10  # repeated observations of one shape weigh as at most this many
 MIN_GAIN = 0.02  # a probe must be able to beat the best speed seen by this much
 IDENTIFIED_SHAPES = 5  # distinct shapes a pooled model needs (and both kinds varied)
+PRIOR_PER_JOB = 20  # a fleet prior pools each job's newest observations, this many,
+PRIOR_TOTAL = 2000  # and the newest this many of those
 
 #: How many nodes a shape's tasks span once placed, for predictions.
 SpanFn = Callable[[int, int], int]
@@ -70,7 +73,12 @@ class SpeedModel:
     """
 
     def __init__(
-        self, batch_size: int, mode: str = "sync", span: SpanFn | None = None, compute_share: float | None = None
+        self,
+        batch_size: int,
+        mode: str = "sync",
+        span: SpanFn | None = None,
+        compute_share: float | None = None,
+        weight_cap: int | None = WEIGHT_CAP,
     ) -> None:
         if mode not in ("sync", "async"):
             raise ValueError(f"mode must be sync or async, got {mode!r}")
@@ -78,6 +86,7 @@ class SpeedModel:
         self.batch = float(batch_size)
         self.mode = mode
         self.span = span
+        self.weight_cap = weight_cap  # None: every observation of a shape counts (a fleet prior)
         self.theta: np.ndarray | None = None
         self.cov: np.ndarray | None = None
         self.shapes: set[tuple[int, int]] = set()
@@ -148,12 +157,13 @@ class SpeedModel:
         keys = sorted(groups)
         x = np.asarray([self._features(*k) for k in keys])
         y = np.asarray([float(np.mean(groups[k])) for k in keys])
-        n = np.asarray([min(len(groups[k]), WEIGHT_CAP) for k in keys], dtype=float)
+        cap = self.weight_cap or max(len(g) for g in groups.values())
+        n = np.asarray([min(len(groups[k]), cap) for k in keys], dtype=float)
         self.shapes = {(p, w) for p, w, _, _ in keys}
         self._seen, self._seen_n = {}, {}
         for p, w, nodes, b in keys:
             if b == int(self.batch):
-                latest = groups[(p, w, nodes, b)][-WEIGHT_CAP:]
+                latest = groups[(p, w, nodes, b)][-cap:]
                 self._seen[(p, w, nodes)] = float(np.mean([self.batch / v for v in latest]))
                 self._seen_n[(p, w, nodes)] = len(latest)
         # the prior: its mean from the latest observation, its width the whole step
@@ -217,11 +227,18 @@ class SpeedModel:
         if self.theta is None or w < 1:
             return 0.0
         seen = self.observed(p, w)
-        if seen is not None:
-            return seen
-        return self._form(p, w, self._nodes(p, w), self.batch)  # both forms: y = M / samples_per_s
+        return seen if seen is not None else self.form(p, w)
 
     __call__ = predict
+
+    def form(self, p: int, w: int) -> float:
+        """The fitted form's samples/s at (p, w) on the nodes it would span,
+        whatever was observed there (0 without observations or for w < 1):
+        what a fleet prior predicts, its form fitted on many jobs' reports
+        being surer than the mean of those at any one shape."""
+        if self.theta is None or w < 1:
+            return 0.0
+        return self._form(p, w, self._nodes(p, w), self.batch)  # both forms: y = M / samples_per_s
 
     def relative_std(self, p: int, w: int) -> float:
         """The fit's uncertainty of the speed at (p, w), relative to the prediction."""
@@ -284,7 +301,7 @@ class SpeedModel:
         return [(p, w, v, self._seen_n[(p, w, n)]) for (p, w, n), v in self._seen.items() if n == self._nodes(p, w)]
 
     def observed_count(self, p: int, w: int) -> int:
-        """How many observations :meth:`observed`'s mean is of (up to :data:`WEIGHT_CAP`)."""
+        """How many observations :meth:`observed`'s mean is of (up to the weight cap)."""
         return self._seen_n.get((p, w, self._nodes(p, w)), 0)
 
     def spread(self, p: int, w: int) -> float:
@@ -296,6 +313,14 @@ class SpeedModel:
     def confident(self, min_ps: int, max_ps: int, min_workers: int, max_workers: int) -> bool:
         """Seen something, and no shape within the limits is worth probing."""
         return self.theta is not None and not self.probes(min_ps, max_ps, min_workers, max_workers, count=1)
+
+
+def fleet_prior(batch_size: int, observations: list[Observation], mode: str = "sync") -> SpeedModel:
+    """The model of a kind of job, fitted on the newest :data:`PRIOR_TOTAL` of
+    ``observations`` (each job's newest :data:`PRIOR_PER_JOB`, pooled). Every
+    observation of a shape counts: the cap that keeps one job's model on its
+    latest reports would, on a pool, throw away what other jobs measured there."""
+    return SpeedModel(batch_size, mode, weight_cap=None).fit(observations[-PRIOR_TOTAL:])
 
 
 class LossCurve:

@@ -61,7 +61,7 @@ class ViewPlan:
 
 
 def _own_else(model: SpeedModel, prior: SpeedModel) -> SpeedFn:
-    """The job is its kind, scaled: the prior's prediction times how much
+    """The job is its kind, scaled: the prior's fitted form times how much
     faster the job ran than the prior says at the shapes it has run (the
     geometric mean of its own means over the prior's, weighted by count), so
     that a job faster or slower than its kind is judged by its kind's curve
@@ -69,12 +69,12 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> SpeedFn:
     prediction are weighted by their precisions: the own mean of n
     observations by n / noise^2, the prediction as one more observation of
     the prior's spread."""
-    logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.predict(p, w)) > 0 and v > 0]
+    logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.form(p, w)) > 0 and v > 0]
     count = sum(n for n, _ in logs)
     scale = math.exp(sum(n * r for n, r in logs) / count) if count else 1.0
 
     def speed(p: int, w: int) -> float:
-        guess = scale * prior.predict(p, w)
+        guess = scale * prior.form(p, w)
         seen = model.observed(p, w)
         if seen is None or guess <= 0:
             return guess if seen is None else seen

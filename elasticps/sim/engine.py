@@ -39,6 +39,7 @@ from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.goodput import batch_candidates, statistical_efficiency
 from elasticps.sched.objectives import DEFAULT_EFFICIENCY_THRESHOLD, batches_for
 from elasticps.sched.policies import make_policy
+from elasticps.sched.speed import PRIOR_PER_JOB, fleet_prior
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 from elasticps.sim.workload import KINDS, WorkloadJob, noise_scale_at
@@ -392,9 +393,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             if config.fleet_prior:
                 by_kind: dict[str, list[Observation]] = {}
                 for j in jobs.values():
-                    by_kind.setdefault(j.kind.name, []).extend(j.observations[-20:])
+                    by_kind.setdefault(j.kind.name, []).extend(j.observations[-PRIOR_PER_JOB:])
                 for name, obs in by_kind.items():
-                    kind_models[name] = SpeedModel(KINDS[name].batch).fit(obs[-400:])
+                    kind_models[name] = fleet_prior(KINDS[name].batch, obs)
                 priors.clear()
             schedule()
             util_series.append((t, used / avail if avail > 0 else 0.0))
