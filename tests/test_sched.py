@@ -255,6 +255,22 @@ def test_elastic_does_not_pay_a_rescale_for_a_tiny_gain():
     assert decision["a"] == (1, 1)
 
 
+def test_elastic_gives_room_nobody_gains_min_gain_from_to_any_gain():
+    # a third worker adds 1% (under min_gain 2%), a second one 50%: on an idle cluster the 1% is taken too
+    def flat(p: int, w: int) -> float:
+        return {1: 100.0, 2: 150.0, 3: 151.5}.get(w, 151.5) if p == 1 else 0.0
+
+    a = make_job("a", speed=flat, max_ps=1, max_workers=3, remaining_samples=1e9)
+    decision, _ = make_policy("elastic").decide([a], make_cluster(n=1, cpu=16))
+    assert decision["a"] == (1, 3)
+    # room for one task more than both minimums and a's second worker: b's 2nd worker (+50%) gets it, not a's 1%
+    b = make_job("b", speed=flat, max_ps=1, max_workers=3, remaining_samples=1e9, arrival=1)
+    decision, _ = make_policy("elastic").decide([a, b], make_cluster(n=1, cpu=6))
+    assert decision == {"a": (1, 2), "b": (1, 2)}
+    # and with a min_gain of 0 from the start nothing changes for a alone
+    assert make_policy("elastic", min_gain=0.0).decide([a], make_cluster(n=1, cpu=16))[0]["a"] == (1, 3)
+
+
 def test_efficiency_objective_stops_growing_at_poor_scaling():
     # a communication-bound job: beyond a few tasks the marginal efficiency falls under 0.5
     job = make_job("a", speed=optimus_speed(t=(0.002, 0.01, 0.05, 0.01, 0.0)), remaining_samples=1e12)

@@ -10,6 +10,7 @@ Same input, same decision: ties are broken by job id.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -126,7 +127,13 @@ def _delta(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> Resource
         return job.ps_resources
     if new == (old[0], old[1] + 1):
         return job.worker_resources
-    return job.resources(new[0] - old[0], new[1] - old[1])
+    return _combined(job.ps_resources, job.worker_resources, new[0] - old[0], new[1] - old[1])
+
+
+@functools.lru_cache(maxsize=4096)
+def _combined(ps: Resources, worker: Resources, p: int, w: int) -> Resources:
+    """p PS and w workers of these sizes (a jump's tasks, worked out once per size)."""
+    return ps.scaled(p) + worker.scaled(w)
 
 
 def task_share(job: JobView, old: tuple[int, int], new: tuple[int, int], total: Resources) -> float:
