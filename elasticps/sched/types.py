@@ -43,6 +43,11 @@ class Resources:
         return max(shares, default=0.0)
 
 
+def tasks_of(ps: Resources, worker: Resources, p: int, w: int) -> Resources:
+    """What ``p`` PS and ``w`` workers of these sizes take."""
+    return ps.scaled(p) + worker.scaled(w)
+
+
 def total_of(items: Iterable[Resources]) -> Resources:
     total = Resources()
     for r in items:
@@ -123,7 +128,7 @@ class JobView:
             )
 
     def resources(self, p: int, w: int) -> Resources:
-        return self.ps_resources.scaled(p) + self.worker_resources.scaled(w)
+        return tasks_of(self.ps_resources, self.worker_resources, p, w)
 
     def allows(self, p: int, w: int) -> bool:
         """Whether (p, w) is within the job's limits."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from elasticps.sched.objectives import objective_of as objective_of
-from elasticps.sched.types import ClusterView, Decision, JobView, Resources
+from elasticps.sched.types import ClusterView, Decision, JobView, Resources, tasks_of
 
 
 @dataclass(frozen=True)
@@ -127,13 +127,11 @@ def _delta(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> Resource
         return job.ps_resources
     if new == (old[0], old[1] + 1):
         return job.worker_resources
-    return _combined(job.ps_resources, job.worker_resources, new[0] - old[0], new[1] - old[1])
+    return _jump(job.ps_resources, job.worker_resources, new[0] - old[0], new[1] - old[1])
 
 
-@functools.lru_cache(maxsize=4096)
-def _combined(ps: Resources, worker: Resources, p: int, w: int) -> Resources:
-    """p PS and w workers of these sizes (a jump's tasks, worked out once per size)."""
-    return ps.scaled(p) + worker.scaled(w)
+#: A jump's tasks (``tasks_of``), worked out once per task size and count.
+_jump = functools.lru_cache(maxsize=4096)(tasks_of)
 
 
 def task_share(job: JobView, old: tuple[int, int], new: tuple[int, int], total: Resources) -> float:
