@@ -23,6 +23,7 @@ from elasticps.sched import (
     statistical_efficiency,
 )
 from elasticps.sched.objectives import Objective, batches_for, best_batch_of
+from elasticps.sched.speed import fleet_prior
 from tests.builders import make_cluster, make_job, optimus_speed
 
 # ---------------------------------------------------------------- speed model
@@ -86,6 +87,26 @@ def test_speed_model_learns_what_spanning_more_nodes_costs():
     model = SpeedModel(128, span=span).fit([Observation(p, w, truth(p, w, span(p, w)), span(p, w)) for p, w in shapes])
     for p, w in [(3, 7), (1, 2), (4, 6)]:
         assert model.predict(p, w) == pytest.approx(truth(p, w, span(p, w)), rel=0.05)
+
+
+def test_speed_model_fits_the_share_of_traffic_that_crossed_nodes_as_placed():
+    # placement keeps most of a job on one node: 1 PS + 8 workers over 2 nodes
+    # send 1/8 of the traffic across, 8 PS + 15 workers (one node full) 7/15
+    def truth(p: int, w: int, cross: float) -> float:
+        return 128 / (0.003 * 128 / w + 0.02 + 0.3 * (w / p) * (cross + 0.25 * (1 - cross)) + 0.002 * w + 0.006 * p)
+
+    one_node = [Observation(8, 3, truth(8, 3, 0.0))] * 300
+    one_node += [Observation(p, w, truth(p, w, 0.0)) for p, w in [(2, 4), (4, 2), (1, 4), (1, 8), (1, 15), (8, 5)]]
+    spread = [(1, 8, 1 / 8), (8, 15, 7 / 15)]
+
+    def fitted(measured: bool) -> SpeedModel:
+        two_nodes = [Observation(p, w, truth(p, w, c), 2, cross=c if measured else None) for p, w, c in spread]
+        return fleet_prior(128, one_node + two_nodes)
+
+    for p, w in [(8, 4), (8, 6), (8, 8)]:
+        assert fitted(True).form(p, w) == pytest.approx(truth(p, w, 0.0), rel=0.01)
+    # taken as an even spread (1/2 across), the two reports bend the whole curve
+    assert fitted(False).form(8, 6) < 0.92 * truth(8, 6, 0.0)
 
 
 def test_speed_model_async_form():

@@ -1,8 +1,9 @@
 """A job's speed as a function of (#PS p, #workers w), learned from its epochs.
 
 The Optimus model (Peng et al., EuroSys'18), M the global batch, extended
-with where the PS traffic goes (c: the fraction of it that crosses nodes,
-1 - 1/n for tasks spread over n nodes):
+with where the PS traffic goes (c: the fraction of it that crosses nodes, as
+measured from where the tasks were placed, else 1 - 1/n for tasks spread
+evenly over n nodes, which is also what predictions assume):
 
     sync :  1/f = t0*M/w + t1 + (w/p)*(tl*(1-c) + tx*c) + t3*w + t4*p     (f: steps/s; samples/s = M*f)
               compute over w | fixed | PS traffic, same node / across nodes | worker and PS overheads
@@ -51,6 +52,14 @@ PRIOR_TOTAL = 2000  # and the newest this many of those
 
 #: How many nodes a shape's tasks span once placed, for predictions.
 SpanFn = Callable[[int, int], int]
+#: One row of a fit: (p, w, nodes, global batch, share of PS traffic across nodes).
+_Key = tuple[int, int, int, int, float]
+
+
+def _cross(nodes: int, measured: float | None) -> float:
+    """The share of PS traffic across nodes: as measured, else as if the tasks
+    were spread evenly over ``nodes``."""
+    return 1.0 - 1.0 / max(1, nodes) if measured is None else min(1.0, max(0.0, measured))
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,11 @@ class Observation:
     samples_per_s: float
     nodes: int = 1  # the nodes the job's tasks were on
     batch: int = 0  # the global batch it ran at (0: the model's)
+    #: the share of the PS traffic that crossed nodes as the tasks were placed
+    #: (None: 1 - 1/nodes, as if spread evenly). Placement keeps most of a
+    #: job on one node, so that guess can be far off: 1 PS and 8 workers over
+    #: 2 nodes send 1/8 of the traffic across, not 1/2.
+    cross: float | None = None
 
 
 class SpeedModel:
@@ -110,13 +124,16 @@ class SpeedModel:
     # No PS (p = 0): the workers all-reduce in a ring, 2(w-1)/w of the gradient
     # each, at the speed of its slowest link: within a node, or across nodes.
     # A sync step's compute scales with the global batch (``batch``, the model's by default).
-    def _features(self, p: int, w: int, nodes: int, batch: float | None = None) -> list[float]:
+    # ``cross``: the share of PS traffic across nodes (1 - 1/nodes unless measured).
+    def _features(
+        self, p: int, w: int, nodes: int, batch: float | None = None, cross: float | None = None
+    ) -> list[float]:
         m = self.batch if not batch else float(batch)
         if p == 0:
             ring = 2.0 * (w - 1) / w
             tail = [ring if nodes <= 1 else 0.0, ring if nodes > 1 else 0.0, float(w), 0.0]
             return [m / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
-        cross = 1.0 - 1.0 / max(1, nodes)
+        cross = _cross(nodes, cross)
         w_over_p = w / p
         tail = [w_over_p * (1.0 - cross), w_over_p * cross, float(w), float(p)]
         return [m / w, 1.0, *tail] if self.mode == "sync" else [1.0, *tail]
@@ -133,7 +150,7 @@ class SpeedModel:
         batch = float(o.batch or self.batch)
         step = batch / o.samples_per_s
         p, w = max(o.num_ps, 1), o.num_workers
-        cross = 1.0 - 1.0 / max(1, o.nodes)
+        cross = _cross(o.nodes, o.cross)
         if o.num_ps == 0:  # the ring: its share of the step, at its link
             ring = max(2.0 * (w - 1) / w, 1.0)
             local = (1 - self.compute_share) * step / ring / (CROSS_COST if o.nodes > 1 else 1.0)
@@ -150,25 +167,27 @@ class SpeedModel:
             self.theta, self.cov, self.shapes, self.best_seen, self._seen = None, None, set(), 0.0, {}
             self._seen_n = {}
             return self
-        groups: dict[tuple[int, int, int, int], list[float]] = {}  # step times of each (p, w, nodes, batch)
+        groups: dict[_Key, list[float]] = {}  # step times of each (p, w, nodes, batch, cross)
+        at_batch: dict[tuple[int, int, int], list[float]] = {}  # step times at the model's batch, per (p, w, nodes)
         for o in obs:
             key = self._key(o)
             groups.setdefault(key, []).append(key[3] / o.samples_per_s)
+            if key[3] == int(self.batch):
+                at_batch.setdefault(key[:3], []).append(groups[key][-1])
         keys = sorted(groups)
         x = np.asarray([self._features(*k) for k in keys])
         y = np.asarray([float(np.mean(groups[k])) for k in keys])
         cap = self.weight_cap or max(len(g) for g in groups.values())
         n = np.asarray([min(len(groups[k]), cap) for k in keys], dtype=float)
-        self.shapes = {(p, w) for p, w, _, _ in keys}
+        self.shapes = {k[:2] for k in keys}
         self._seen, self._seen_n = {}, {}
-        for p, w, nodes, b in keys:
-            if b == int(self.batch):
-                latest = groups[(p, w, nodes, b)][-cap:]
-                self._seen[(p, w, nodes)] = float(np.mean([self.batch / v for v in latest]))
-                self._seen_n[(p, w, nodes)] = len(latest)
+        for where, steps in at_batch.items():
+            latest = steps[-cap:]
+            self._seen[where] = float(np.mean([self.batch / v for v in latest]))
+            self._seen_n[where] = len(latest)
         # the prior: its mean from the latest observation, its width the whole step
         prior = self._prior(obs[-1])
-        scale = np.mean(np.abs(np.asarray([self._scale_features(p, w) for p, w, _, _ in keys])), axis=0)
+        scale = np.mean(np.abs(np.asarray([self._scale_features(*k[:2]) for k in keys])), axis=0)
         ref = float(np.mean(y))
         prior_precision = np.where(scale > 0, scale / ref, 1.0 / ref) ** 2
         noise = NOISE_FLOOR
@@ -189,13 +208,15 @@ class SpeedModel:
         self.cov = np.linalg.pinv(a.T @ a)
         # the best speed seen, at the model's batch: measured there, else the form's
         self.best_seen = max(
-            self._seen.get((p, w, nodes)) or self._form(p, w, nodes, self.batch) for p, w, nodes, _ in keys
+            self._seen.get((p, w, nodes)) or self._form(p, w, nodes, self.batch) for p, w, nodes, _, _ in keys
         )
         return self
 
-    def _key(self, o: Observation) -> tuple[int, int, int, int]:
-        """(p, w, nodes, batch) of an observation: one row of the fit."""
-        return o.num_ps, o.num_workers, max(1, o.nodes), o.batch or int(self.batch)
+    def _key(self, o: Observation) -> _Key:
+        """(p, w, nodes, batch, cross) of an observation: one row of the fit."""
+        nodes = max(1, o.nodes)
+        cross = round(_cross(nodes, o.cross), 4) if o.num_ps > 0 else 0.0
+        return o.num_ps, o.num_workers, nodes, o.batch or int(self.batch), cross
 
     def _form(self, p: int, w: int, nodes: int, batch: float) -> float:
         assert self.theta is not None

@@ -121,9 +121,14 @@ def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_facto
         return job.speed_factor * kind_speed(job.kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor)
     if w < 1 or p < 1:
         return 0.0
-    total = 2.0 * job.kind.param_bytes * w
-    cross = cross_node_bytes_per_step(placement, job.kind.param_bytes) / total if placement else 1.0
+    cross = cross_share(placement, job.kind.param_bytes, w)
     return job.speed_factor * kind_speed(job.kind, p, w, cross, local_factor, job.batch)
+
+
+def cross_share(placement: dict[str, str], param_bytes: float, w: int) -> float:
+    """The share of a PS job's traffic that crosses nodes as placed: what its
+    speed depends on, and what its reports carry."""
+    return cross_node_bytes_per_step(placement, param_bytes) / (2.0 * param_bytes * w) if placement else 1.0
 
 
 def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: float, batch: int | None = None) -> float:
@@ -388,7 +393,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                     # what the runtime reports: samples/s at its batch
                     observed = speed * max(0.05, 1.0 + rng.gauss(0.0, config.noise))
                     nodes = len(set(job.placement.values())) or 1
-                    job.observations.append(Observation(*job.shape, observed, nodes, job.batch))
+                    p, w = job.shape
+                    cross = None if job.kind.allreduce else cross_share(job.placement, job.kind.param_bytes, w)
+                    job.observations.append(Observation(p, w, observed, nodes, job.batch, cross))
                     job.model.fit(job.observations[-50:])
             if config.fleet_prior:
                 by_kind: dict[str, list[Observation]] = {}
