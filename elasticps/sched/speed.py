@@ -215,7 +215,7 @@ class SpeedModel:
     def _key(self, o: Observation) -> _Key:
         """(p, w, nodes, batch, cross) of an observation: one row of the fit."""
         nodes = max(1, o.nodes)
-        cross = round(_cross(nodes, o.cross), 4) if o.num_ps > 0 else 0.0
+        cross = _cross(nodes, o.cross) if o.num_ps > 0 else 0.0
         return o.num_ps, o.num_workers, nodes, o.batch or int(self.batch), cross
 
     def _form(self, p: int, w: int, nodes: int, batch: float) -> float:
