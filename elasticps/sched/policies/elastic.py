@@ -14,8 +14,11 @@ costs, and slow to shrink.
    no job gains ``min_gain`` from it (nobody waits for it: every job that
    fits is admitted) goes, the same way, to any job it speeds up at all: on
    a mostly idle cluster, a few per cent on every job are worth more than
-   idle nodes (light workload, 8 seeds: 1721 -> 1698 s, the oracle 1683 s,
-   and as few rescales as the oracle; docs/simulator.md). ``time_weight`` > 0
+   idle nodes (light workload, 8 seeds: 1721 -> 1698 s when added, 1691 s
+   now, the oracle 1683 s; docs/simulator.md). On a real measured grid whose
+   shapes vary 14% between passes, a 1% gain seen in one pass is noise, and
+   the replay's worst walk fell from 93% to 78% of the best
+   (docs/scheduler.md). ``time_weight`` > 0
    also weighs the gain by the job's remaining time to that power (long jobs
    grow first); 0 by default: in the simulator it was as good or better on
    every workload measured (contended 300 x 32, seeds 0-3: 2533/2034/2721/2270 s
