@@ -167,14 +167,19 @@ class SpeedModel:
             self.theta, self.cov, self.shapes, self.best_seen, self._seen = None, None, set(), 0.0, {}
             self._seen_n = {}
             return self
+        rows = [self._key(o) for o in obs]
+        steps = [key[3] / o.samples_per_s for key, o in zip(rows, obs, strict=True)]
         groups: dict[_Key, list[float]] = {}  # step times of each (p, w, nodes, batch, cross)
         at_batch: dict[tuple[int, int, int], list[float]] = {}  # step times at the model's batch, per (p, w, nodes)
-        for o in obs:
-            key = self._key(o)
-            groups.setdefault(key, []).append(key[3] / o.samples_per_s)
-            if key[3] == int(self.batch):
-                at_batch.setdefault(key[:3], []).append(groups[key][-1])
+        batch = int(self.batch)
+        for key, step in zip(rows, steps, strict=True):
+            groups.setdefault(key, []).append(step)
+            if key[3] == batch:
+                at_batch.setdefault(key[:3], []).append(step)
         keys = sorted(groups)
+        index = {k: i for i, k in enumerate(keys)}
+        row_of = np.asarray([index[key] for key in rows])  # each observation's row
+        step_of = np.asarray(steps)
         x = np.asarray([self._features(*k) for k in keys])
         y = np.asarray([float(np.mean(groups[k])) for k in keys])
         cap = self.weight_cap or max(len(g) for g in groups.values())
@@ -196,14 +201,10 @@ class SpeedModel:
             a = np.vstack([x * weight[:, None], np.diag(np.sqrt(prior_precision))])
             b = np.concatenate([y * weight, np.sqrt(prior_precision) * prior])
             theta, _ = nnls(a, b)
-            fitted = {k: float(np.dot(theta, row)) for k, row in zip(keys, x, strict=True)}
-            resid = []  # each observation's relative miss of the fitted step time
-            for o in obs:
-                key = self._key(o)
-                step = fitted[key]
-                if step > 0:
-                    resid.append((key[3] / o.samples_per_s - step) / step)
-            noise = max(NOISE_FLOOR, math.sqrt(float(np.mean(np.square(resid)))) if resid else NOISE_FLOOR)
+            fitted = np.asarray([float(np.dot(theta, row)) for row in x])[row_of]
+            ok = fitted > 0
+            resid = (step_of[ok] - fitted[ok]) / fitted[ok]  # each observation's relative miss of its fitted step
+            noise = max(NOISE_FLOOR, math.sqrt(float(np.mean(np.square(resid)))) if resid.size else NOISE_FLOOR)
         self.theta, self.noise = theta, noise
         self.cov = np.linalg.pinv(a.T @ a)
         # the best speed seen, at the model's batch: measured there, else the form's
