@@ -89,6 +89,15 @@ def test_speed_model_learns_what_spanning_more_nodes_costs():
         assert model.predict(p, w) == pytest.approx(truth(p, w, span(p, w)), rel=0.05)
 
 
+def test_a_speed_estimate_is_as_sure_as_its_reports():
+    truth = optimus_speed()
+    reports = [Observation(2, 4, truth(2, 4) * f) for f in (0.9, 1.1, 0.95, 1.05)] + [Observation(1, 2, truth(1, 2))]
+    model = SpeedModel(64).fit(reports)
+    assert model.estimate_sd(2, 4) == pytest.approx(model.noise / 2)  # a mean of 4 reports
+    assert model.estimate_sd(1, 2) == pytest.approx(model.noise)
+    assert model.estimate_sd(4, 8) == pytest.approx(min(1.0, model.relative_std(4, 8)))  # never seen: the form's
+
+
 def test_speed_model_fits_the_share_of_traffic_that_crossed_nodes_as_placed():
     # placement keeps most of a job on one node: 1 PS + 8 workers over 2 nodes
     # send 1/8 of the traffic across, 8 PS + 15 workers (one node full) 7/15
@@ -290,6 +299,21 @@ def test_elastic_gives_room_nobody_gains_min_gain_from_to_any_gain():
     assert decision == {"a": (1, 2), "b": (1, 2)}
     # and with a min_gain of 0 from the start nothing changes for a alone
     assert make_policy("elastic", min_gain=0.0).decide([a], make_cluster(n=1, cpu=16))[0]["a"] == (1, 3)
+
+
+def test_spare_room_goes_only_to_a_gain_larger_than_a_quarter_of_its_standard_error():
+    def flat(p: int, w: int) -> float:
+        return {1: 100.0, 2: 150.0, 3: 151.5}.get(w, 151.5) if p == 1 else 0.0
+
+    def job(sd: float) -> JobView:
+        return make_job("a", speed=flat, max_ps=1, max_workers=3, remaining_samples=1e9, speed_sd=lambda p, w: sd)
+
+    idle = make_cluster(n=1, cpu=16)
+    # the 1% of a third worker, each speed known to 2% (a fleet prior): 0.25 x 2.8% = 0.7% < 1%
+    assert make_policy("elastic").decide([job(0.02)], idle)[0]["a"] == (1, 3)
+    # each speed one pass of a 14%-noisy measurement: 1% is noise, and the 50% of the second worker is not
+    assert make_policy("elastic").decide([job(0.14)], idle)[0]["a"] == (1, 2)
+    assert make_policy("elastic", spare_z=0.0).decide([job(0.14)], idle)[0]["a"] == (1, 3)
 
 
 def test_efficiency_objective_stops_growing_at_poor_scaling():

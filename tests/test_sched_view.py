@@ -78,6 +78,19 @@ def test_a_job_is_judged_by_its_kinds_curve_at_its_own_level():
     assert level * prior.form(2, 4) < few.speed(2, 4) < many.speed(2, 4) < 1.2 * prior.form(2, 4)
 
 
+def test_a_view_says_how_sure_each_speed_is():
+    shapes = [(p, w) for p in range(1, 5) for w in range(1, 9)]
+    prior = fleet_prior(64, [Observation(p, w, _speed(p, w)) for p, w in shapes for _ in range(20)])
+    own = SpeedModel(64).fit([Observation(2, 4, _speed(2, 4))])
+    plan = plan_view(own, LIMITS, (2, 4), prior=prior)
+    assert plan.sd is not None
+    # its own one report and the kind's curve, weighed: surer than either alone
+    assert plan.sd(2, 4) < min(own.noise, prior.spread(2, 4))
+    assert plan.sd(3, 6) == pytest.approx(prior.relative_std(3, 6))  # not run: the kind's fitted curve
+    confident = _model(*shapes)
+    assert plan_view(confident, LIMITS, (2, 4)).sd(2, 4) == pytest.approx(confident.estimate_sd(2, 4))
+
+
 def test_a_fleet_prior_counts_every_report_and_judges_by_its_form():
     # one job's model keeps to its latest reports of a shape; a fleet prior pools
     # many jobs' reports, so every one of them counts

@@ -65,7 +65,12 @@ class _Replay:
         return self.median.get(shape, 0.0)
 
     def view(
-        self, speed: SpeedFn, limits: ShapeLimits, current: Shape | None, probes: tuple[Shape, ...] = ()
+        self,
+        speed: SpeedFn,
+        limits: ShapeLimits,
+        current: Shape | None,
+        probes: tuple[Shape, ...] = (),
+        sd: SpeedFn | None = None,
     ) -> JobView:
         return JobView(
             id=JOB,
@@ -77,11 +82,12 @@ class _Replay:
             remaining_samples=1e9,
             current=current,
             probes=probes,
+            speed_sd=sd,
         )
 
-    def choice(self, speed: SpeedFn) -> Shape:
+    def choice(self, speed: SpeedFn, sd: SpeedFn | None = None) -> Shape:
         """What the policy gives a new job judged by ``speed`` on the empty cluster."""
-        decision, _ = self.policy.decide([self.view(speed, self.limits, None)], self.cluster)
+        decision, _ = self.policy.decide([self.view(speed, self.limits, None, sd=sd)], self.cluster)
         return decision[JOB]
 
     def walk(self, start: Shape, rounds: int, probes: list[int]) -> dict[str, Any]:
@@ -95,7 +101,7 @@ class _Replay:
         for _ in range(rounds):
             plan = plan_view(model, self.limits, current, start)
             decision, state = self.policy.decide(
-                [self.view(plan.speed, plan.limits, current, plan.probes)], self.cluster, state
+                [self.view(plan.speed, plan.limits, current, plan.probes, plan.sd)], self.cluster, state
             )
             current = decision[JOB]
             path.append(current)
@@ -108,8 +114,8 @@ class _Replay:
             model.fit(observations)
             seen = len(visits)
             if seen in probes and seen not in after:
-                after[seen] = self.choice(model.predict)
-        final = self.choice(model.predict)
+                after[seen] = self.choice(model.predict, model.estimate_sd)
+        final = self.choice(model.predict, model.estimate_sd)
         for k in probes:  # the walk stopped probing before k shapes: its choice stands
             after.setdefault(k, final)
         best = max(self.median.values())

@@ -649,6 +649,7 @@ class Manager:
             batch=live.batch_now if live is not None else None,
             noise_scale=live.status.noise_scale if live is not None and live.status is not None else None,
             speed_at=plan.speed_at,
+            speed_sd=plan.sd,
         )
 
     def _ours(self) -> dict[str, Resources]:

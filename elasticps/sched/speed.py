@@ -326,6 +326,15 @@ class SpeedModel:
         """How many observations :meth:`observed`'s mean is of (up to the weight cap)."""
         return self._seen_n.get((p, w, self._nodes(p, w)), 0)
 
+    def estimate_sd(self, p: int, w: int) -> float:
+        """The relative std of :meth:`predict` as an estimate of the job's mean
+        speed at (p, w): of a seen shape's mean, the noise over the square root
+        of its count; else the fitted form's uncertainty there."""
+        n = self.observed_count(p, w)
+        if n:
+            return self.noise / math.sqrt(n)
+        return min(self.relative_std(p, w), MAX_RELATIVE_STD)
+
     def spread(self, p: int, w: int) -> float:
         """The relative std of one new observation of (p, w) around the fitted
         form: the residual noise and the fit's uncertainty there (for a fleet

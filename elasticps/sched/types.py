@@ -87,6 +87,9 @@ class JobView:
 
     ``speed(p, w)`` is the predicted samples/s (a fitted :class:`SpeedModel` or
     any callable; ``min_ps = max_ps = 0`` for a job with no PS).
+    ``speed_sd(p, w)``, when given, is the relative standard deviation of that
+    prediction as an estimate (what the elastic policy's spare-room growth
+    weighs a small gain against; None: speeds known exactly).
     ``remaining_samples`` is the work left; ``current`` its shape now (None if
     not running); ``efficiency`` its statistical efficiency at its batch size
     (1.0 when unknown); ``objective`` overrides the cluster's.
@@ -119,6 +122,8 @@ class JobView:
     batch: int | None = None  # the global batch it trains at now (adaptive jobs)
     noise_scale: float | None = None
     speed_at: BatchSpeedFn | None = field(default=None, compare=False)
+    #: the relative std of ``speed(p, w)`` as an estimate (None: known exactly)
+    speed_sd: SpeedFn | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (0 <= self.min_ps <= self.max_ps) or not (1 <= self.min_workers <= self.max_workers):

@@ -17,6 +17,11 @@ speed: one rule for the live manager and the simulator.
 
 At another global batch (adaptive jobs), the speed is scaled by the job's own
 fitted form, else the prior's (:meth:`SpeedModel.batch_ratio`).
+
+Each plan also says how sure its speeds are (``ViewPlan.sd``, relative std):
+a job's own model, :meth:`SpeedModel.estimate_sd`; under a fleet prior, a
+shape the job ran has the precision of its own mean and the prior's
+together, and one it did not, the prior's fitted curve's.
 """
 
 from __future__ import annotations
@@ -54,13 +59,14 @@ class ViewPlan:
     limits: ShapeLimits
     probes: tuple[tuple[int, int], ...] = ()
     speed_at: BatchSpeedFn | None = None
+    sd: SpeedFn | None = None  # the relative std of speed(p, w) as an estimate
 
     @property
     def explore(self) -> tuple[int, int] | None:
         return self.probes[0] if self.probes else None
 
 
-def _own_else(model: SpeedModel, prior: SpeedModel) -> SpeedFn:
+def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
     """The job is its kind, scaled: the prior's fitted form times how much
     faster the job ran than the prior says at the shapes it has run (the
     geometric mean of its own means over the prior's, weighted by count), so
@@ -82,7 +88,13 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> SpeedFn:
         other = 1.0 / prior.spread(p, w) ** 2
         return (own * seen + other * guess) / (own + other)
 
-    return speed
+    def sd(p: int, w: int) -> float:
+        if model.observed(p, w) is None:
+            return min(prior.relative_std(p, w), 1.0)
+        own = model.observed_count(p, w) / model.noise**2
+        return 1.0 / math.sqrt(own + 1.0 / prior.spread(p, w) ** 2)
+
+    return speed, sd
 
 
 def plan_view(
@@ -96,7 +108,7 @@ def plan_view(
     one job (see the module's docstring); ``prior`` counts only if identified."""
     plan = _plan(model, limits, current, start, prior)
     scaler = model if model.theta is not None or prior is None else prior
-    return ViewPlan(plan.speed, plan.limits, plan.probes, _at_batch(plan.speed, scaler))
+    return ViewPlan(plan.speed, plan.limits, plan.probes, _at_batch(plan.speed, scaler), plan.sd)
 
 
 def _at_batch(speed: SpeedFn, scaler: SpeedModel) -> BatchSpeedFn:
@@ -114,15 +126,16 @@ def _plan(
     prior: SpeedModel | None,
 ) -> ViewPlan:
     if model.confident(*limits.astuple()):
-        return ViewPlan(model.predict, limits)
+        return ViewPlan(model.predict, limits, sd=model.estimate_sd)
     if prior is not None and prior.identified:
-        return ViewPlan(_own_else(model, prior), limits)
+        speed, sd = _own_else(model, prior)
+        return ViewPlan(speed, limits, sd=sd)
     if not model.shapes:
         p, w = limits.clip(start) if start is not None else (limits.min_ps, limits.min_workers)
         return ViewPlan(model.predict, ShapeLimits(p, p, w, w))
     probes = tuple(model.probes(*limits.astuple(), count=PROBES)) if current is not None else ()
     if not probes:
-        return ViewPlan(model.predict, limits)
+        return ViewPlan(model.predict, limits, sd=model.estimate_sd)
     assert current is not None
     grown = ShapeLimits(
         limits.min_ps,
@@ -130,4 +143,4 @@ def _plan(
         limits.min_workers,
         max(current[1], *(s[1] for s in probes)),
     )
-    return ViewPlan(model.predict, grown, probes)
+    return ViewPlan(model.predict, grown, probes, sd=model.estimate_sd)

@@ -290,6 +290,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             batch=job.batch,
             noise_scale=noise_scale_at(s, job.done_share) if s.noise_scale > 0 else None,
             speed_at=plan.speed_at,
+            speed_sd=plan.sd,
         )
 
     def schedule() -> None:

@@ -14,11 +14,14 @@ costs, and slow to shrink.
    no job gains ``min_gain`` from it (nobody waits for it: every job that
    fits is admitted) goes, the same way, to any job it speeds up at all: on
    a mostly idle cluster, a few per cent on every job are worth more than
-   idle nodes (light workload, 8 seeds: 1721 -> 1698 s when added, 1691 s
-   now, the oracle 1683 s; docs/simulator.md). On a real measured grid whose
-   shapes vary 14% between passes, a 1% gain seen in one pass is noise, and
-   the replay's worst walk fell from 93% to 78% of the best
-   (docs/scheduler.md). ``time_weight`` > 0
+   idle nodes (light workload, 8 seeds: 1721 -> 1698 s when added, the
+   oracle 1683 s; docs/simulator.md). But only a gain of at least
+   ``spare_z`` (0.25) standard errors of the two speeds it compares
+   (``JobView.speed_sd``): on a real measured grid whose shapes vary 14%
+   between passes, a 1% gain seen in one pass is noise, and taking it put
+   the replay's worst walk at 78% of the best, not 93% (docs/scheduler.md),
+   while a fleet prior fitted on thousands of reports knows a 1% gain.
+   ``time_weight`` > 0
    also weighs the gain by the job's remaining time to that power (long jobs
    grow first); 0 by default: in the simulator it was as good or better on
    every workload measured (contended 300 x 32, seeds 0-3: 2533/2034/2721/2270 s
@@ -63,6 +66,7 @@ class ElasticPolicy:
         time_weight: float = 0.0,
         ageing_s: float = 3600.0,
         jumps: tuple[int, ...] = (1, 2, 4),
+        spare_z: float = 0.25,
         **_: object,
     ) -> None:
         self.objective = Objective.parse(objective)
@@ -76,10 +80,12 @@ class ElasticPolicy:
         self.time_weight = time_weight
         self.ageing_s = ageing_s
         self.jumps = jumps
+        self.spare_z = spare_z
 
-    def _score(self, total: Resources, min_gain: float | None = None, memo: dict | None = None):
+    def _score(self, total: Resources, min_gain: float | None = None, memo: dict | None = None, z: float = 0.0):
         """The score of a job's next tasks, None below ``min_gain`` (the policy's by
-        default); ``memo`` holds utilities already worked out this round."""
+        default) or below ``z`` standard errors of the two speeds compared
+        (``JobView.speed_sd``); ``memo`` holds utilities already worked out this round."""
         floor = math.log1p(self.min_gain if min_gain is None else min_gain)
         memo = {} if memo is None else memo
 
@@ -98,6 +104,12 @@ class ElasticPolicy:
                 return 1e9
             gain = math.log(u_new / u_old)
             if gain < floor:
+                return None
+            if (
+                z
+                and job.speed_sd is not None
+                and gain < math.log1p(z * math.hypot(job.speed_sd(*old), job.speed_sd(*new)))
+            ):
                 return None
             if self.time_weight:
                 # ~ time saved on the remaining work: T_rem * (1 - u_old/u_new) ~ T_rem * gain
@@ -122,7 +134,7 @@ class ElasticPolicy:
         state = state or PolicyState()
         total, available = cluster.capacity, cluster.available
         memo: dict = {}  # one job's utility at one shape, worked out once this round
-        score, any_gain = self._score(total, memo=memo), self._score(total, 0.0, memo)
+        score, any_gain = self._score(total, memo=memo), self._score(total, 0.0, memo, self.spare_z)
 
         # 1. the fair target on the whole pool, then what nobody gains min_gain from to any gain at all
         admitted, left = admit(jobs, available, order=self._order)
