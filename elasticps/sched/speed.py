@@ -186,8 +186,8 @@ class SpeedModel:
         n = np.asarray([min(len(groups[k]), cap) for k in keys], dtype=float)
         self.shapes = {k[:2] for k in keys}
         self._seen, self._seen_n = {}, {}
-        for where, steps in at_batch.items():
-            latest = steps[-cap:]
+        for where, times in at_batch.items():
+            latest = times[-cap:]
             self._seen[where] = float(np.mean([self.batch / v for v in latest]))
             self._seen_n[where] = len(latest)
         # the prior: its mean from the latest observation, its width the whole step

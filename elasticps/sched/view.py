@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from elasticps.sched.speed import SpeedModel
+from elasticps.sched.speed import MAX_RELATIVE_STD, SpeedModel
 from elasticps.sched.types import BatchSpeedFn, SpeedFn
 
 #: Probes offered to the policy, best first: it takes the first that fits.
@@ -79,20 +79,23 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
     count = sum(n for n, _ in logs)
     scale = math.exp(sum(n * r for n, r in logs) / count) if count else 1.0
 
+    def precisions(p: int, w: int) -> tuple[float, float]:
+        """Of the job's own mean at (p, w), and of the prior's scaled prediction there."""
+        return model.observed_count(p, w) / model.noise**2, 1.0 / prior.spread(p, w) ** 2
+
     def speed(p: int, w: int) -> float:
         guess = scale * prior.form(p, w)
         seen = model.observed(p, w)
         if seen is None or guess <= 0:
             return guess if seen is None else seen
-        own = model.observed_count(p, w) / model.noise**2
-        other = 1.0 / prior.spread(p, w) ** 2
+        own, other = precisions(p, w)
         return (own * seen + other * guess) / (own + other)
 
     def sd(p: int, w: int) -> float:
         if model.observed(p, w) is None:
-            return min(prior.relative_std(p, w), 1.0)
-        own = model.observed_count(p, w) / model.noise**2
-        return 1.0 / math.sqrt(own + 1.0 / prior.spread(p, w) ** 2)
+            return min(prior.relative_std(p, w), MAX_RELATIVE_STD)
+        own, other = precisions(p, w)
+        return 1.0 / math.sqrt(own + other)
 
     return speed, sd
 
