@@ -297,7 +297,7 @@ def test_retention_keeps_the_newest(tmp_path):
         store.record_observation("a", float(i), 1, 1, float(i))
     store.prune(Retention(events=10, observations_per_job=5))
     assert [e[4] for e in store.events()][-1] == "e29" and len(store.events()) == 10
-    assert [s for _, _, s, _ in store.observations("a")] == [25.0, 26.0, 27.0, 28.0, 29.0]
+    assert [o[2] for o in store.observations("a")] == [25.0, 26.0, 27.0, 28.0, 29.0]
 
 
 def test_a_new_job_of_a_known_kind_starts_at_the_fleet_priors_best(env):
@@ -429,7 +429,7 @@ def test_the_objective_sets_an_adaptive_jobs_batch(tmp_path, objective):
     for _ in range(8):
         manager.step()
     job = runtime.latest("a")
-    batches = {b for *_, b in manager.store.observations("a")}
+    batches = {o[3] for o in manager.store.observations("a")}
     if objective == "speed":
         assert job.batch == 512 and 512 in batches
     else:  # E(512) = 128/576: goodput stays at the batch it has
@@ -464,3 +464,41 @@ def test_a_round_decides_before_releasing_an_ended_job_whose_tasks_still_count_a
     assert seen and seen[0][1] is False, "the round released the ended job before deciding"
     assert seen[0][0] >= held_by_a + 1.0, "the ended job's tasks were not counted as ours"
     assert a.closed
+
+
+def test_a_speed_measured_with_tasks_spread_over_nodes_is_not_taken_for_one_nodes(env):
+    """The simulator's placement-aware speed, in the manager: reports carry the nodes
+    they ran on and the share of PS traffic that crossed them, and each shape is
+    judged for the nodes it would span on the room there is now."""
+    manager, runtime, capacity = env
+    local = {1: 100.0, 2: 190.0, 3: 270.0, 4: 340.0, 5: 400.0}  # samples/s with all of a shape on one node
+    runtime.speed = lambda p, w: local[w]
+    runtime.cross_cost = 1.5  # PS traffic across nodes slows a step down
+    runtime.programs = {"elasticps.examples.digits:program": ProgramInfo("digits", 64, 100, 1437)}  # long
+    capacity.nodes = {"a": (4.0, 1.0), "b": (4.0, 1.0)}  # another tenant: 1 PS + 3 workers fit on no one node
+    manager.submit(parse_spec(SPEC.format(name="spread", cpu=1.0).replace("max: 4", "max: 5")))
+    manager.set_limits("spread", LimitsPatch(ps=Range(min=1, max=1), workers=Range(min=3, max=3)))
+    for _ in range(4):
+        manager.step()
+    placement = manager.store.allocations("spread")[-1][3]
+    crossed = sum(n != placement["ps-0"] for t, n in placement.items() if t.startswith("worker-")) / 3
+    *_, nodes, cross = manager.store.observations("spread")[-1]
+    assert (nodes, cross) == (2, pytest.approx(crossed)) and 0 < crossed < 1
+    for w in (1, 2):  # measured earlier, on one node
+        manager.store.record_observation("spread", manager.clock(), 1, w, local[w])
+    capacity.nodes = {"a": (4.0, 0.0), "b": (4.0, 0.0)}  # the tenant left
+    manager.set_limits("spread", LimitsPatch(workers=Range(min=1, max=3)))
+    # 1 x 3 ran slower than 1 x 2 (270 / (1 + 1.5 x crossed) < 190) because of the spread; on one
+    # node (4 CPU now hold 1 PS + 3 workers) it is the fastest shape, so the job keeps it (a shrink
+    # would come after the policy's shrink_rounds rounds of wishing it)
+    assert manager.store.observations("spread")[-3][2] < local[2]
+    for _ in range(3):
+        manager.step()
+        assert manager.live["spread"].asked == (1, 3)
+    assert manager.store.observations("spread")[-1][2:] == (local[3], 64, 1, 0.0)  # moved onto one node
+    # more workers would span both nodes: what crossing costs was measured, so 1 x 4 and 1 x 5 are
+    # judged as spread (slower than 1 x 3 on one node) and the job stays
+    manager.set_limits("spread", LimitsPatch(workers=Range(min=1, max=5)))
+    for _ in range(3):
+        manager.step()
+        assert manager.live["spread"].asked == (1, 3)

@@ -43,7 +43,7 @@ def test_jobs_are_started_observed_resized_and_finished(ray_local, tmp_path):
     assert jobs == {"a": "finished", "b": "finished"}
     for name in ("a", "b"):
         obs = store.observations(name)
-        assert obs and all(s > 0 for _, _, s, _ in obs)  # the loop read the jobs' reports
+        assert obs and all(o[2] > 0 for o in obs)  # the loop read the jobs' reports
         kinds = [e[3] for e in store.events(name)]
         assert kinds[0] == "submitted" and "started" in kinds and kinds[-1] == "finished"
     # at least one job was grown once its speed had been seen (8 logical CPUs, 1 CPU per job at the start);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -66,9 +67,10 @@ def test_store_round_trip_and_duplicate_names(tmp_path):
     store.transition("digits-1", "running", now=12.0)
     store.record_allocation("digits-1", 12.0, 1, 2, {"ps-0": "n1", "worker-0": "n1", "worker-1": "n2"})
     store.record_observation("digits-1", 20.0, 1, 2, 1234.5)
+    store.record_observation("digits-1", 21.0, 1, 2, 1000.0, batch=64, nodes=2, cross=0.5)
     assert store.get_job("digits-1").state == "running"
     assert store.allocations("digits-1")[0][3]["worker-1"] == "n2"
-    assert store.observations("digits-1") == [(1, 2, 1234.5, 0)]
+    assert store.observations("digits-1") == [(1, 2, 1234.5, 0, 1, None), (1, 2, 1000.0, 64, 2, 0.5)]
     assert [e[3] for e in store.events("digits-1")] == ["submitted", "running"]
     assert [j.name for j in store.list_jobs(("running",))] == ["digits-1"]
     with pytest.raises(ValueError, match="'exploded' is not a valid JobState"):
@@ -88,6 +90,29 @@ def test_a_row_from_a_laxer_version_does_not_hide_the_others(tmp_path):
         ('{"name": "bad", "program": "a.b:c", "workers": {"memory_gb": Infinity}}',),
     )
     assert [j.name for j in store.list_jobs()] == ["digits-1"]
+
+
+def test_a_database_of_the_first_schema_gains_the_added_columns_and_keeps_its_rows(tmp_path):
+    db = tmp_path / "old.db"
+    first = sqlite3.connect(db)
+    first.executescript(  # the first version's jobs and observations tables
+        "CREATE TABLE jobs (name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL,"
+        " submitted_at REAL NOT NULL, updated_at REAL NOT NULL);"
+        "CREATE TABLE observations (id INTEGER PRIMARY KEY AUTOINCREMENT, job TEXT NOT NULL REFERENCES jobs(name),"
+        " at REAL NOT NULL, num_ps INTEGER NOT NULL, num_workers INTEGER NOT NULL, samples_per_s REAL NOT NULL);"
+    )
+    first.execute("INSERT INTO jobs VALUES ('digits-1', ?, 'running', 1, 1)", (parse_spec(GOOD).model_dump_json(),))
+    first.execute(
+        "INSERT INTO observations(job, at, num_ps, num_workers, samples_per_s) VALUES ('digits-1', 2, 1, 3, 90)"
+    )
+    first.commit()
+    first.close()
+    store = Store(db)
+    # read as the older version meant it: the program's batch, on one node, crossing not measured
+    assert store.observations("digits-1") == [(1, 3, 90.0, 0, 1, None)]
+    store.record_observation("digits-1", 3.0, 2, 4, 80.0, nodes=2, cross=0.25)
+    assert store.observations("digits-1")[-1] == (2, 4, 80.0, 0, 2, 0.25)
+    assert store.get_job("digits-1").desired is None
 
 
 WRITER = """

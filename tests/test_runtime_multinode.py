@@ -25,14 +25,22 @@ def test_exact_across_nodes_with_pins_and_measured_traffic(ray_cluster):
     # 4 steps x (numel float32) pulled a -> b and pushed b -> a; nothing else moved.
     assert report.bytes_between_nodes == {f"{a}->{b}": 4 * 4 * numel, f"{b}->{a}": 4 * 4 * numel}
     assert report.cross_node_bytes == 2 * 4 * 4 * numel
+    assert (report.windows[-1].nodes, report.windows[-1].cross) == (2, 1.0)  # every byte crossed
 
     pins = {"ps-0": a, "ps-1": b, "worker-0": b, "worker-1": c, "worker-2": c}
     run_until_applied(job, job.rescale(2, 3, pins))
     assert job.placement() == pins
+    before = dict(job.report().bytes_between_nodes)
     job.run(max_steps=3)
+    report = job.report()
+    moved = {k: v - before.get(k, 0) for k, v in report.bytes_between_nodes.items()}
+    crossed = sum(v for k, v in moved.items() if k.split("->")[0] != k.split("->")[1]) / sum(moved.values())
+    assert 0 < crossed < 1  # ps-1 and worker-0 share node b
+    assert (report.windows[-1].nodes, report.windows[-1].cross) == (3, pytest.approx(crossed))
     run_until_applied(job, job.rescale(1, 2, {"ps-0": c, "worker-0": c, "worker-1": c}))
     assert set(job.placement().values()) == {c}
     job.run(max_steps=3)
+    assert (job.report().windows[-1].nodes, job.report().windows[-1].cross) == (1, 0.0)
 
     ref = train_single_process(program, max_steps=job.step)
     assert relative_error(job.parameters(), ref.params) < TOL

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from elasticps.errors import JobFailedError, PlacementError, ProgramError
 from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec
+from elasticps.placement import cross_node_bytes_per_step
 from elasticps.runtime import JobReport, WindowReport
 from elasticps.runtime.reports import RescaleRecord, StepTimes
 from elasticps.sched import ClusterView, NodeView, Resources
@@ -52,6 +53,9 @@ class FakeJob:
     rescales: list[RescaleRecord] = field(default_factory=list)
     noise_scale: float | None = None  # reported as measured
     speed_at: Callable[[int, int, int], float] | None = None  # samples/s at (p, w, batch), if the batch matters
+    #: the speed is divided by 1 + cross_cost x the share of PS traffic that crosses nodes as placed
+    cross_cost: float = 0.0
+    placed: dict[str, str] = field(default_factory=dict)  # where the tasks run (the launch's, then each rescale's)
 
     # -- faults
     def crash(self, error: str = "RuntimeError: injected") -> None:
@@ -103,7 +107,7 @@ class FakeJob:
             self.rescales.append(
                 RescaleRecord(len(self.rescales) + 1, self.shape, (p, w), self.step, self.pause_s, 0.0, True)
             )
-            self.shape, self.asked = (p, w), None
+            self.shape, self.placed, self.asked = (p, w), self.asked[2], None
         if self.stopping:
             self.state = "stopped"
             return
@@ -112,11 +116,15 @@ class FakeJob:
         if steps > 0:
             batch = self.batch or self.info.batch_size
             speed = self.speed_at(*self.shape, batch) if self.speed_at else self.speed(*self.shape)
+            placement = self._placement()
+            p, w = self.shape
+            cross = cross_node_bytes_per_step(placement, 1.0) / (2.0 * w) if p and w else None
+            speed /= 1.0 + self.cross_cost * (cross or 0.0)
             samples = steps * self.info.batch_size  # progress counted at the program's batch
             elapsed = samples / speed
             window = WindowReport(
                 self.step, self.step + steps - 1, steps, samples, elapsed, speed, 1.0, StepTimes(), *self.shape,
-                batch_size=self.batch or self.info.batch_size,
+                batch_size=self.batch or self.info.batch_size, nodes=len(set(placement.values())), cross=cross,
             )  # fmt: skip
             self.windows.append(window)
             del self.windows[: -self.max_windows]
@@ -125,6 +133,10 @@ class FakeJob:
             self.state = "finished"
 
     def _placement(self) -> dict[str, str]:
+        placed = self.placed or self.launch.placement
+        tasks = {f"ps-{i}" for i in range(self.shape[0])} | {f"worker-{i}" for i in range(self.shape[1])}
+        if set(placed) == tasks:
+            return dict(placed)
         node = next(iter(self.launch.placement.values()), "node-0")
         out = {f"ps-{i}": node for i in range(self.shape[0])}
         out.update({f"worker-{i}": node for i in range(self.shape[1])})
@@ -164,6 +176,7 @@ class FakeRuntime:
     )
     speed: Callable[[int, int], float] = linear_speed
     speed_at: Callable[[int, int, int], float] | None = None  # see FakeJob.speed_at
+    cross_cost: float = 0.0  # see FakeJob.cross_cost
     noise_scale: float | None = None  # what every job reports as measured
     fail_start: str | None = None  # the next start raises JobFailedError with this text
     jobs: dict[str, list[FakeJob]] = field(default_factory=dict)  # every start of every job, in order
@@ -179,7 +192,12 @@ class FakeRuntime:
             why, self.fail_start = self.fail_start, None
             raise JobFailedError(why)
         job = FakeJob(
-            launch, self.programs[launch.program], self.speed, noise_scale=self.noise_scale, speed_at=self.speed_at
+            launch,
+            self.programs[launch.program],
+            self.speed,
+            noise_scale=self.noise_scale,
+            speed_at=self.speed_at,
+            cross_cost=self.cross_cost,
         )
         self.jobs.setdefault(launch.name, []).append(job)
         return job

@@ -28,7 +28,7 @@ def kind_of(rec: JobRecord) -> tuple:
 
 def read_observations(store: Store, name: str) -> list[Observation]:
     """A job's stored speed observations, oldest first."""
-    return [Observation(p, w, s, batch=b) for p, w, s, b in store.observations(name)]
+    return [Observation(p, w, s, nodes, b, cross) for p, w, s, b, nodes, cross in store.observations(name)]
 
 
 @dataclass(frozen=True)

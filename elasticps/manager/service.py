@@ -47,7 +47,7 @@ from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, Job
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
 from elasticps.manager.store import JobRecord, Retention, Store
-from elasticps.placement import place
+from elasticps.placement import place, spans_on
 from elasticps.runtime import JobConfig, JobReport, TaskResources
 from elasticps.sched import ClusterView, JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
 from elasticps.sched.fit import fit_problem
@@ -274,8 +274,9 @@ class Manager:
             records = [r for r in active if r.name in self.live or self._may_start(r.name, now)]
             observed: dict[str, list[Observation]] = {}  # this round's reads: each job's read once
             priors = self.priors.models([(r, self._observations(r.name, observed)) for r in active])
-            views = [v for v in (self._view(r, now, priors, observed) for r in records) if v is not None]
             cluster = self.capacity.view(self._ours())
+            room = [n.available for n in cluster.nodes]
+            views = [v for v in (self._view(r, now, priors, observed, room) for r in records) if v is not None]
             self._note_unfit(views, cluster, now)
             started = time.perf_counter()
             decision, self.state = self.policy.decide(views, cluster, self.state)
@@ -471,7 +472,9 @@ class Manager:
             live.status = st
             for w in st.windows:
                 if w.last_step > live.last_step:
-                    self.store.record_observation(name, now, w.num_ps, w.num_workers, w.samples_per_s, w.batch_size)
+                    self.store.record_observation(
+                        name, now, w.num_ps, w.num_workers, w.samples_per_s, w.batch_size, w.nodes, w.cross
+                    )
                     live.last_step = w.last_step
                     t = w.mean_step_times
                     total = t.compute_s + t.pull_s + t.push_s + t.update_s + t.wait_s
@@ -608,14 +611,21 @@ class Manager:
         now: float,
         priors: dict[tuple, SpeedModel],
         observed: dict[str, list[Observation]],
+        room: list[Resources],
     ) -> JobView | None:
+        """What the policy knows of a job; its speeds are predicted for the
+        nodes each shape would span on the ``room`` the nodes have for our jobs."""
         info = self._info(rec, now)
         if info is None:
             return None
         spec = rec.spec
         live = self.live.get(rec.name)
         share = live.compute_share if live is not None else None
-        model = SpeedModel(info.batch_size, spec.mode, compute_share=share).fit(self._observations(rec.name, observed))
+        ps_res = Resources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_gb=spec.ps.memory_gb)
+        worker_res = Resources(cpu=spec.workers.cpu, gpu=spec.workers.gpu, memory_gb=spec.workers.memory_gb)
+        span = spans_on(ps_res, worker_res, room)
+        model = SpeedModel(info.batch_size, spec.mode, span=span, compute_share=share)
+        model.fit(self._observations(rec.name, observed))
         current = None
         remaining = float(info.epochs * info.samples_per_epoch)
         if live is not None:
@@ -628,7 +638,9 @@ class Manager:
             (p, w) = live.asked
             plan = ViewPlan(model.predict, ShapeLimits(p, p, w, w))
         else:
-            plan = plan_view(model, limits, current, prior=priors.get(kind_of(rec)))  # the simulator's rule too
+            prior = priors.get(kind_of(rec))
+            prior = prior.with_span(span) if prior is not None else None
+            plan = plan_view(model, limits, current, prior=prior)  # the simulator's rule too
         return JobView(
             id=rec.name,
             speed=plan.speed,
@@ -636,8 +648,8 @@ class Manager:
             max_ps=plan.limits.max_ps,
             min_workers=plan.limits.min_workers,
             max_workers=plan.limits.max_workers,
-            ps_resources=Resources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_gb=spec.ps.memory_gb),
-            worker_resources=Resources(cpu=spec.workers.cpu, gpu=spec.workers.gpu, memory_gb=spec.workers.memory_gb),
+            ps_resources=ps_res,
+            worker_resources=worker_res,
             remaining_samples=remaining,
             current=current,
             objective=spec.objective,

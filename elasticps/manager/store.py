@@ -66,7 +66,11 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 #: Columns added since the first schema, per table (an older database gains them on open).
 ADDED_COLUMNS = {
     "jobs": {"info": "TEXT", "desired": "TEXT"},
-    "observations": {"batch": "INTEGER NOT NULL DEFAULT 0"},  # the global batch (0: the program's)
+    "observations": {
+        "batch": "INTEGER NOT NULL DEFAULT 0",  # the global batch (0: the program's)
+        "nodes": "INTEGER NOT NULL DEFAULT 1",  # the nodes the job's tasks ran on
+        "cross": "REAL",  # the share of PS traffic that crossed nodes (NULL: not measured)
+    },
 }
 
 STATES = tuple(s.value for s in JobState)
@@ -223,17 +227,29 @@ class Store:
         return [(at, p, w, json.loads(pl)) for at, p, w, pl in rows]
 
     def record_observation(
-        self, name: str, now: float, num_ps: int, num_workers: int, samples_per_s: float, batch: int = 0
+        self,
+        name: str,
+        now: float,
+        num_ps: int,
+        num_workers: int,
+        samples_per_s: float,
+        batch: int = 0,
+        nodes: int = 1,
+        cross: float | None = None,
     ) -> None:
         self._write(
-            "INSERT INTO observations(job, at, num_ps, num_workers, samples_per_s, batch) VALUES (?, ?, ?, ?, ?, ?)",
-            (name, now, num_ps, num_workers, samples_per_s, batch),
+            "INSERT INTO observations(job, at, num_ps, num_workers, samples_per_s, batch, nodes, cross)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, now, num_ps, num_workers, samples_per_s, batch, nodes, cross),
         )
 
-    def observations(self, name: str) -> list[tuple[int, int, float, int]]:
-        """``(num_ps, num_workers, samples_per_s, batch)``, oldest first (batch 0: the program's)."""
+    def observations(self, name: str) -> list[tuple[int, int, float, int, int, float | None]]:
+        """``(num_ps, num_workers, samples_per_s, batch, nodes, cross)``, oldest first
+        (batch 0: the program's; cross None: not measured)."""
         rows = self._db.execute(
-            "SELECT num_ps, num_workers, samples_per_s, batch FROM observations WHERE job = ? ORDER BY id", (name,)
+            "SELECT num_ps, num_workers, samples_per_s, batch, nodes, cross FROM observations"
+            " WHERE job = ? ORDER BY id",
+            (name,),
         )
         return [tuple(r) for r in rows]  # type: ignore[misc]
 

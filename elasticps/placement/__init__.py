@@ -10,6 +10,7 @@ from elasticps.placement.core import (
     make_placer,
     place,
     room_left,
+    spans_on,
     with_own_room,
 )
 
@@ -22,5 +23,6 @@ __all__ = [
     "make_placer",
     "place",
     "room_left",
+    "spans_on",
     "with_own_room",
 ]

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from elasticps.errors import ConfigError
-from elasticps.sched.types import ClusterView, Decision, JobView, Resources
+from elasticps.sched.types import ClusterView, Decision, JobView, Resources, tasks_of
 
 #: ``{task name ("ps-0", "worker-3"): node name}``
 JobPlacement = dict[str, str]
@@ -208,10 +208,29 @@ def fewest_nodes(job: JobView, p: int, w: int, free: dict[str, Resources]) -> in
     its share of the PS shards as one unit (``None``: it does not fit at all).
     Exact for jobs without PS (identical units: the roomiest nodes first is
     optimal); for PS jobs it is the count the proportional plan aims for."""
+    return _fewest(job.ps_resources, job.worker_resources, p, w, list(free.values()))
+
+
+def spans_on(ps: Resources, worker: Resources, room: list[Resources]) -> Callable[[int, int], int]:
+    """How many nodes a shape's tasks would span placed on nodes with this
+    ``room``: the fewest that hold it, as placement aims for (all of them for a
+    shape they cannot hold: it would not be placed). What a speed model
+    predicts a shape's speed for (:class:`elasticps.sched.SpeedModel`'s ``span``)."""
+    memo: dict[tuple[int, int], int] = {}
+
+    def span(p: int, w: int) -> int:
+        if (p, w) not in memo:
+            memo[(p, w)] = _fewest(ps, worker, p, w, room) or max(1, len(room))
+        return memo[(p, w)]
+
+    return span
+
+
+def _fewest(ps: Resources, worker: Resources, p: int, w: int, free: list[Resources]) -> int | None:
     if w == 0:
-        return 1 if any(job.resources(p, 0).fits_in(f) for f in free.values()) else None
-    unit = job.worker_resources + job.ps_resources.scaled(p / w)
-    counts = sorted((_count_fit(f, unit) for f in free.values()), reverse=True)
+        return 1 if any(tasks_of(ps, worker, p, 0).fits_in(f) for f in free) else None
+    unit = worker + ps.scaled(p / w)
+    counts = sorted((_count_fit(f, unit) for f in free), reverse=True)
     left = w
     for used, k in enumerate(counts, start=1):
         left -= k

@@ -87,6 +87,9 @@ class _Window:
     samples: int = 0
     loss_sum: float = 0.0
     times: StepTimes = field(default_factory=StepTimes)
+    nodes: set[str] = field(default_factory=set)  # where the window's tasks ran
+    local_bytes: int = 0  # PS traffic between tasks on one node
+    cross_bytes: int = 0  # PS traffic between nodes
 
 
 def task_name(kind: str, index: int) -> str:
@@ -570,11 +573,20 @@ class JobController:
         loss = sum(s["loss_sum"] for s in stats)
         with self._lock:
             self._prefetched += sum(1 for s in stats if s.get("prefetched"))
+            now = time.monotonic()
+            if self._window is None:
+                self._window = _Window(start=now - wall_s, first_step=self.step)
+            win = self._window
+            win.nodes.update(t.node_id for t in (*self.ps, *workers))
             for s, w in zip(stats, workers, strict=True):
                 for ps, pulled, pushed in zip(self.ps, s["pull_bytes"], s["push_bytes"], strict=True):
                     down, up = pair_key(ps.node_id, w.node_id), pair_key(w.node_id, ps.node_id)
                     self._bytes[down] = self._bytes.get(down, 0) + pulled
                     self._bytes[up] = self._bytes.get(up, 0) + pushed
+                    if ps.node_id == w.node_id:
+                        win.local_bytes += pulled + pushed
+                    else:
+                        win.cross_bytes += pulled + pushed
             halves = [s for s in stats if s["batch_half"] > 0]
             if halves and (not big_batch or all("grad_sqnorm" in i for i in infos)):
                 small = GradientSample(
@@ -586,10 +598,6 @@ class JobController:
                 self._grad_samples.append(small)
                 self._epoch_grad_samples.append(small)
                 del self._grad_samples[:-1000]
-            now = time.monotonic()
-            if self._window is None:
-                self._window = _Window(start=now - wall_s, first_step=self.step)
-            win = self._window
             win.steps += 1
             win.samples += samples
             win.loss_sum += loss
@@ -615,6 +623,8 @@ class JobController:
                 num_ps=len(self.ps),
                 num_workers=len(self.workers),
                 batch_size=self.batch_size,
+                nodes=max(1, len(win.nodes)),
+                cross=win.cross_bytes / moved if (moved := win.local_bytes + win.cross_bytes) else None,
             )
             self._windows.append(report)
             del self._windows[:-MAX_WINDOWS]

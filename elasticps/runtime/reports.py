@@ -82,6 +82,8 @@ class WindowReport:
     num_ps: int
     num_workers: int
     batch_size: int = 0  # the global batch of these steps (0: not recorded)
+    nodes: int = 1  # the nodes the window's tasks ran on
+    cross: float | None = None  # the share of its PS traffic (bytes) that crossed nodes; None: none moved
 
 
 @dataclass
