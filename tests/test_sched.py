@@ -285,6 +285,26 @@ def test_elastic_does_not_pay_a_rescale_for_a_tiny_gain():
     assert decision["a"] == (1, 1)
 
 
+def test_a_running_job_does_not_pause_to_free_room_nobody_takes():
+    # a runs 1 PS x 4 workers; its model now says 1 x 3 is 1% faster
+    def peak3(p: int, w: int) -> float:
+        return {1: 100.0, 2: 180.0, 3: 250.0, 4: 247.5}[w] if p == 1 else 0.0
+
+    def a(remaining: float, **kw) -> JobView:
+        return make_job("a", speed=peak3, max_ps=1, max_workers=4, current=(1, 4), remaining_samples=remaining, **kw)
+
+    policy, idle = make_policy("elastic", shrink_rounds=1), make_cluster(n=1, cpu=16)
+    # 1e4 samples left: the move saves 0.4 s, less than 2 x 10 s of rescale cost, to free a CPU nobody takes
+    assert policy.decide([a(1e4)], idle)[0]["a"] == (1, 4)
+    # 1e7 samples left: it saves 400 s, so the job moves
+    assert policy.decide([a(1e7)], idle)[0]["a"] == (1, 3)
+    # another job takes the room: a moves whatever it saves
+    b = make_job("b", speed=peak3, max_ps=1, max_workers=4, remaining_samples=1e9, arrival=1)
+    assert policy.decide([a(1e4), b], make_cluster(n=1, cpu=8))[0] == {"a": (1, 3), "b": (1, 3)}
+    # under the efficiency objective freeing CPUs is the point: it moves
+    assert policy.decide([a(1e4, objective="efficiency")], idle)[0]["a"] != (1, 4)
+
+
 def test_elastic_gives_room_nobody_gains_min_gain_from_to_any_gain():
     # a third worker adds 1% (under min_gain 2%), a second one 50%: on an idle cluster the 1% is taken too
     def flat(p: int, w: int) -> float:

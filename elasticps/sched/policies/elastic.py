@@ -156,7 +156,7 @@ class ElasticPolicy:
                 wishes[job.id] = state.shrink_wishes.get(job.id, 0) + 1
                 if wishes[job.id] < self.shrink_rounds:
                     held[job.id] = cur
-            elif not self._worth_growing(job, cur, tgt):
+            elif not self._worth_moving(job, cur, tgt):
                 held[job.id] = cur
         held = self._fit_held(jobs, held, available, waiting_need)
 
@@ -168,6 +168,7 @@ class ElasticPolicy:
         decision, left = grow(rest, decision, left, any_gain, caps, pairs=True, jumps=self.jumps)
         decision, _ = grow(rest, decision, left, score, pairs=True, jumps=self.jumps)  # room the held jobs did not take
         decision.update(held)
+        self._keep_unneeded_room(jobs, decision, available)
         left = self._explore(jobs, decision, available)
         # a probe may take fewer tasks than the job held: room it frees admits whoever still waits
         late, _ = admit([j for j in jobs if j.id not in decision], left, order=self._order)
@@ -212,7 +213,28 @@ class ElasticPolicy:
 
         return sorted(jobs, key=key)
 
-    def _worth_growing(self, job: JobView, cur: tuple[int, int], tgt: tuple[int, int]) -> bool:
+    def _keep_unneeded_room(self, jobs: list[JobView], decision: Decision, available: Resources) -> None:
+        """A running job keeps its shape instead of moving to one that takes less
+        room, when nobody took that room this round and the move does not pay
+        for its rescale (``_worth_moving``): it would pause the job to free room
+        that sits idle. Under the efficiency objective freeing CPUs is the point,
+        so there the job moves."""
+        by_id = {j.id: j for j in jobs}
+        left = available - total_of(by_id[i].resources(*shape) for i, shape in decision.items())
+        for job in admission_order(jobs):
+            cur, new = job.current, decision.get(job.id)
+            if cur is None or new is None or not (new[0] < cur[0] or new[1] < cur[1]) or not job.allows(*cur):
+                continue
+            if objective_of(job, self.objective) is Objective.EFFICIENCY or self._worth_moving(job, cur, new):
+                continue
+            extra = job.resources(cur[0] - new[0], cur[1] - new[1])
+            if extra.fits_in(left):
+                decision[job.id] = cur
+                left = left - extra
+
+    def _worth_moving(self, job: JobView, cur: tuple[int, int], tgt: tuple[int, int]) -> bool:
+        """Whether the time ``tgt`` saves on the job's remaining work is more
+        than ``cost_factor`` x ``rescale_cost_s``."""
         obj = objective_of(job, self.objective)
         u_cur, u_tgt = utility(job, *cur, obj), utility(job, *tgt, obj)
         if u_cur <= 0:
