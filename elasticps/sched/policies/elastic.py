@@ -219,12 +219,18 @@ class ElasticPolicy:
         for its rescale (``_worth_moving``): it would pause the job to free room
         that sits idle. Under the efficiency objective freeing CPUs is the point,
         so there the job moves."""
+        smaller = []  # running jobs whose new shape takes less of some resource
+        for job in jobs:
+            cur, new = job.current, decision.get(job.id)
+            if cur is not None and new is not None and (new[0] < cur[0] or new[1] < cur[1]) and job.allows(*cur):
+                smaller.append(job)
+        if not smaller:
+            return
         by_id = {j.id: j for j in jobs}
         left = available - total_of(by_id[i].resources(*shape) for i, shape in decision.items())
-        for job in admission_order(jobs):
-            cur, new = job.current, decision.get(job.id)
-            if cur is None or new is None or not (new[0] < cur[0] or new[1] < cur[1]) or not job.allows(*cur):
-                continue
+        for job in admission_order(smaller):
+            cur, new = job.current, decision[job.id]
+            assert cur is not None
             if objective_of(job, self.objective) is Objective.EFFICIENCY or self._worth_moving(job, cur, new):
                 continue
             extra = job.resources(cur[0] - new[0], cur[1] - new[1])
