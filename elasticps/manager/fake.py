@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from elasticps.errors import JobFailedError, PlacementError, ProgramError
 from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec
-from elasticps.placement import cross_node_bytes_per_step
+from elasticps.placement import cross_share
 from elasticps.runtime import JobReport, WindowReport
 from elasticps.runtime.reports import RescaleRecord, StepTimes
 from elasticps.sched import ClusterView, NodeView, Resources
@@ -118,7 +118,7 @@ class FakeJob:
             speed = self.speed_at(*self.shape, batch) if self.speed_at else self.speed(*self.shape)
             placement = self._placement()
             p, w = self.shape
-            cross = cross_node_bytes_per_step(placement, 1.0) / (2.0 * w) if p and w else None
+            cross = cross_share(placement, 1.0, w) if p and w else None
             speed /= 1.0 + self.cross_cost * (cross or 0.0)
             samples = steps * self.info.batch_size  # progress counted at the program's batch
             elapsed = samples / speed

@@ -621,8 +621,7 @@ class Manager:
         spec = rec.spec
         live = self.live.get(rec.name)
         share = live.compute_share if live is not None else None
-        ps_res = Resources(cpu=spec.ps.cpu, gpu=spec.ps.gpu, memory_gb=spec.ps.memory_gb)
-        worker_res = Resources(cpu=spec.workers.cpu, gpu=spec.workers.gpu, memory_gb=spec.workers.memory_gb)
+        ps_res, worker_res = _resources(spec.ps), _resources(spec.workers)
         span = spans_on(ps_res, worker_res, room)
         model = SpeedModel(info.batch_size, spec.mode, span=span, compute_share=share)
         model.fit(self._observations(rec.name, observed))
@@ -676,7 +675,7 @@ class Manager:
             held = dict(live.status.held) if live.status is not None else {}
             for task, node in held.items() | live.asked_placement.items():
                 kind = spec.ps if task.startswith("ps-") else spec.workers
-                per_node.setdefault(node, []).append(Resources(cpu=kind.cpu, gpu=kind.gpu, memory_gb=kind.memory_gb))
+                per_node.setdefault(node, []).append(_resources(kind))
         return {n: total_of(rs) for n, rs in per_node.items()}
 
 
@@ -687,6 +686,11 @@ def _event_kind(text: str) -> str:
     if "checkpoint" in text and "damaged" in text:
         return "checkpoint"
     return "runtime"
+
+
+def _resources(task: TaskSpec) -> Resources:
+    """What one task of this kind takes, as the policy and placement count it."""
+    return Resources(cpu=task.cpu, gpu=task.gpu, memory_gb=task.memory_gb)
 
 
 def _task_resources(task: TaskSpec) -> TaskResources:

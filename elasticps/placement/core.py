@@ -62,6 +62,12 @@ def cross_node_bytes_per_step(placement: JobPlacement, param_bytes: float) -> fl
     return sum(per_pair for w in workers for p in ps if w != p)
 
 
+def cross_share(placement: JobPlacement, param_bytes: float, w: int) -> float:
+    """The share of a PS job's traffic that crosses nodes as placed (1 with no
+    placement): what its speed depends on, and what its reports carry."""
+    return cross_node_bytes_per_step(placement, param_bytes) / (2.0 * param_bytes * w) if placement else 1.0
+
+
 class _Room:
     """Free resources per node while placing (tentative, with rollback)."""
 

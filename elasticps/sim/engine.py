@@ -33,7 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elasticps.errors import ConfigError
-from elasticps.placement import cross_node_bytes_per_step, fewest_nodes, place, room_left, with_own_room
+from elasticps.placement import (
+    cross_node_bytes_per_step,
+    cross_share,
+    fewest_nodes,
+    place,
+    room_left,
+    with_own_room,
+)
 from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
 from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.goodput import batch_candidates, statistical_efficiency
@@ -123,12 +130,6 @@ def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_facto
         return 0.0
     cross = cross_share(placement, job.kind.param_bytes, w)
     return job.speed_factor * kind_speed(job.kind, p, w, cross, local_factor, job.batch)
-
-
-def cross_share(placement: dict[str, str], param_bytes: float, w: int) -> float:
-    """The share of a PS job's traffic that crosses nodes as placed: what its
-    speed depends on, and what its reports carry."""
-    return cross_node_bytes_per_step(placement, param_bytes) / (2.0 * param_bytes * w) if placement else 1.0
 
 
 def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: float, batch: int | None = None) -> float:

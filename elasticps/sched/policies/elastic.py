@@ -181,10 +181,7 @@ class ElasticPolicy:
         still unsure, to the first of their probes (``JobView.explore``, then
         ``JobView.probes``) that fits in it (a probe may also take fewer tasks of
         a kind). Returns the room left."""
-        left = available
-        by_id = {j.id: j for j in jobs}
-        for job_id, shape in decision.items():
-            left = left - by_id[job_id].resources(*shape)
+        left = _room_left(jobs, decision, available)
         for job in admission_order(jobs):
             if job.id not in decision:
                 continue
@@ -226,8 +223,7 @@ class ElasticPolicy:
                 smaller.append(job)
         if not smaller:
             return
-        by_id = {j.id: j for j in jobs}
-        left = available - total_of(by_id[i].resources(*shape) for i, shape in decision.items())
+        left = _room_left(jobs, decision, available)
         for job in admission_order(smaller):
             cur, new = job.current, decision[job.id]
             assert cur is not None
@@ -264,3 +260,12 @@ class ElasticPolicy:
             used = used - need[job_id]
             del held[job_id]
         return held
+
+
+def _room_left(jobs: list[JobView], decision: Decision, available: Resources) -> Resources:
+    """What of ``available`` is left once every job of ``decision`` has its shape."""
+    by_id = {j.id: j for j in jobs}
+    left = available
+    for job_id, shape in decision.items():
+        left = left - by_id[job_id].resources(*shape)
+    return left
