@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+
+import torch
 
 from elasticps.examples import digits
 from elasticps.runtime import JobConfig, JobController, TaskResources
@@ -47,3 +50,20 @@ def spawn_elasticps(args: list[str], log_path) -> subprocess.Popen:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     cmd = [sys.executable, "-m", "elasticps", *args]
     return subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+class _Locked(torch.utils.data.TensorDataset):
+    """A TensorDataset that cannot be pickled (it holds a lock)."""
+
+    def __init__(self, *tensors) -> None:
+        super().__init__(*tensors)
+        self.lock = threading.Lock()
+
+
+def counted_digits(log_dir: str, picklable: bool = True):
+    """The digits training set, each build logged as a file named by the
+    building process's pid in ``log_dir`` (a factory for a program's dataset)."""
+    with open(os.path.join(log_dir, f"{os.getpid()}-{time.monotonic_ns()}"), "w"):
+        pass
+    data = digits.train_set()
+    return data if picklable else _Locked(*data.tensors)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 
@@ -14,7 +15,7 @@ import torch
 from elasticps import ConfigError, JobFailedError, PlacementError, ProgramError, TrainingProgram
 from elasticps.examples import digits
 from elasticps.runtime import relative_error, train_single_process
-from tests.helpers import make_job, run_until_applied, wait_for
+from tests.helpers import counted_digits, make_job, run_until_applied, wait_for
 
 TOL = 1e-5
 
@@ -326,4 +327,23 @@ def test_an_inexact_optimizer_runs_per_shard_only_when_asked(ray_local):
     assert report.windows[-1].loss < 0.8 * report.windows[0].loss  # it trains ...
     ref = train_single_process(program, max_steps=30)
     assert relative_error(job.parameters(), ref.params) > 1e-3  # ... but not as one process would: norms per shard
+    job.shutdown()
+
+
+@pytest.mark.parametrize("share, picklable", [(True, True), (False, True), (True, False)])
+def test_new_workers_take_the_controllers_dataset_unless_it_cannot_be_shared(ray_local, tmp_path, share, picklable):
+    program = dataclasses.replace(
+        digits.program(epochs=50), dataset=functools.partial(counted_digits, str(tmp_path), picklable)
+    )
+    job = make_job(1, 1, program, share_dataset=share)
+    job.run(max_steps=2)
+    run_until_applied(job, job.rescale(1, 3))
+    job.run(max_steps=2)
+    builds = len(os.listdir(tmp_path))
+    shared = share and picklable
+    assert builds == (1 if shared else 1 + 3)  # the controller's, and one per worker unless shared
+    cannot = [e for e in job.report().events if "cannot be shared" in e]
+    assert len(cannot) == (1 if share and not picklable else 0)
+    ref = train_single_process(digits.program(epochs=50), max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()

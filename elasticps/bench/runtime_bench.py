@@ -10,7 +10,11 @@ Workloads (a user's, not picked to flatter a ratio):
   path between nodes, measured here on one node);
 - rescale pauses: the same 10M model with Adam (parameters plus two moment
   vectors move when PS shards change);
-- exactness: digits with Adam through the rescales 1x1 -> 2x3 -> 3x2 -> 1x2.
+- exactness: digits with Adam through the rescales 1x1 -> 2x3 -> 3x2 -> 1x2;
+- task start: the demo's digits CNN, rescaled 1x1 -> 1x4 and back, the time
+  its three new workers take to start (``RescaleRecord.launch_s``: the job
+  trains on meanwhile), with the dataset shared from the controller and with
+  each worker building its own (``JobConfig.share_dataset``).
 """
 
 from __future__ import annotations
@@ -151,6 +155,26 @@ def rescale_pauses(batch: int) -> dict[str, float]:
     return pauses
 
 
+def task_starts(repeats: int) -> dict[str, float]:
+    """Median seconds for three new workers of the demo's CNN to start, the
+    dataset shared from the controller and built by each worker."""
+    program = digits.program(epochs=1000, model="cnn", batch_size=128)
+    out = {}
+    for name, share in (("shared_dataset", True), ("own_dataset", False)):
+        job = JobController(program, _bench_config(share_dataset=share), 1, 1)
+        job.start()
+        thread = job.run_in_thread()
+        times = []
+        for _ in range(repeats):
+            times.append(job.wait_rescale(job.rescale(1, 4), timeout_s=600).launch_s)
+            job.wait_rescale(job.rescale(1, 1), timeout_s=600)
+        job.stop()
+        thread.join()
+        job.shutdown()
+        out[name] = statistics.median(times)
+    return out
+
+
 def sync_exactness(steps_per_shape: int) -> float:
     program = digits.program(epochs=1000, optimizer="adam")
     job = JobController(program, _bench_config(), 1, 1)
@@ -186,6 +210,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     out["pushpull_over_memcpy"] = out["pushpull_MBps"] / out["memcpy_MBps"]
     out["pushpull_object_store_MBps"] = pushpull_mbps(repeats, shared=False)
     out["rescale_pause_s"] = rescale_pauses(batch)
+    out["three_workers_start_s"] = task_starts(2 if quick else 5)
     out["sync_exactness_max_rel_err"] = sync_exactness(3 if quick else 10)
     out["goals"] = {
         "ps_1x1_over_single_process>=0.85": out["ps_1x1_over_single_process"] >= 0.85,

@@ -63,6 +63,11 @@ class JobConfig:
             and parameters through shared memory instead of copies.
         gns_every_steps: measure the gradient noise scale every this many steps
             (0: never). A measured step runs the local batch as two halves.
+        share_dataset: workers take the training set the controller built, from
+            Ray's object store (one copy per node), instead of each building
+            its own: a new worker starts sooner (the demo's digits CNN: see
+            ``elasticps bench runtime``). A dataset that cannot be pickled is
+            built by each worker, as with False.
         ps_resources / worker_resources: what each task asks of Ray.
         ps_threads / worker_threads: torch intra-op threads per task.
     """
@@ -77,6 +82,7 @@ class JobConfig:
     replace_dead_workers: bool = True
     gns_every_steps: int = 10
     shared_memory: bool = True
+    share_dataset: bool = True
     ps_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
     worker_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
     ps_threads: int = 1

@@ -143,6 +143,7 @@ class JobController:
         self.final_metric: float | None = None  # the metric of the final parameters, once finished
 
         self._batches: GlobalBatches | None = None
+        self._dataset_ref: Any = None  # the training set in the object store, for new workers (None: they build it)
         self._eval_model: torch.nn.Module | None = None
         self._eval_data: Any = None
         self._window: _Window | None = None
@@ -286,6 +287,10 @@ class JobController:
             return
         dataset = self.program.build_dataset()
         self._batches = GlobalBatches(self.program.seed, len(dataset), self.program.batch_size)
+        if self.config.share_dataset:
+            self._dataset_ref, why = tasks.share_dataset(dataset)
+            if why is not None:
+                self._event(f"the dataset cannot be shared ({why}): each worker builds its own")
         ckpt = self._latest_checkpoint()
         if ckpt is not None:
             self._check_checkpoint(ckpt)
@@ -366,6 +371,7 @@ class JobController:
         self._nodes_used.update(t.node_id for t in self.ps + self.workers)
         tasks.sweep_nodes(self._nodes_used)
         self.ps, self.workers, self._param_refs = [], [], []
+        self._dataset_ref = None  # freed from the object store
 
     def _latest_checkpoint(self) -> Checkpoint | None:
         """The newest intact checkpoint; damaged newer ones become events."""
@@ -839,6 +845,7 @@ class JobController:
                         threads[kind],
                         node,
                         shared_memory=self.config.mode == "sync" and self.config.shared_memory,
+                        dataset=self._dataset_ref,
                     )
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:

@@ -78,13 +78,29 @@ def launch(
     threads: int,
     node_id: str | None,
     shared_memory: bool = False,
+    dataset: Any = None,
 ) -> PendingTask:
-    """Start an actor (pinned to ``node_id`` with hard affinity if given); do not wait."""
+    """Start an actor (pinned to ``node_id`` with hard affinity if given); do not wait.
+    ``dataset``: a worker's training set (an object ref, see :func:`share_dataset`;
+    None: the worker builds it)."""
     options: dict[str, Any] = {"max_restarts": 0, **resources.ray_options()}
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    handle = _actor_class(kind).options(**options).remote(program, threads, shared_memory, resources.cpu_limit)
+    args: tuple[Any, ...] = (program, threads, shared_memory, resources.cpu_limit)
+    if kind == "worker" and dataset is not None:
+        args += (dataset,)
+    handle = _actor_class(kind).options(**options).remote(*args)
     return PendingTask(kind, handle, handle.ready.remote(), node_id, resources)
+
+
+def share_dataset(dataset: Any) -> tuple[Any, str | None]:
+    """``dataset`` in Ray's object store, for workers to take instead of
+    building it: (the object ref, None), or (None, why) if it cannot be
+    pickled (each worker then builds its own)."""
+    try:
+        return ray.put(dataset), None
+    except Exception as exc:  # pickling fails in many ways: TypeError, PicklingError, AttributeError...
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def wait_ready(pending: list[PendingTask], timeout_s: float, names: list[str]) -> list[Task]:

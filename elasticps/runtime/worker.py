@@ -28,8 +28,14 @@ class Worker:
     """
 
     def __init__(
-        self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True, cpu_limit: float | None = None
+        self,
+        program: TrainingProgram,
+        threads: int = 1,
+        shared_memory: bool = True,
+        cpu_limit: float | None = None,
+        dataset: Any = None,
     ) -> None:
+        """``dataset``: the training set, already built (None: build it from the program)."""
         torch.set_num_threads(max(1, threads))
         self.program = program
         self.cpu_limit = CpuLimit(cpu_limit)
@@ -37,7 +43,7 @@ class Worker:
         numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self._grad_shm = OwnedVector("grad", numel) if shared_memory and available() else None
         self.flat = FlatModel(model, None if self._grad_shm is None else self._grad_shm.array)
-        self.dataset = program.build_dataset()
+        self.dataset = dataset if dataset is not None else program.build_dataset()
         self._attached = Attachments()
         # the next step's samples, read in the background while this step computes
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
