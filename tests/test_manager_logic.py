@@ -502,3 +502,58 @@ def test_a_speed_measured_with_tasks_spread_over_nodes_is_not_taken_for_one_node
     for _ in range(3):
         manager.step()
         assert manager.live["spread"].asked == (1, 3)
+
+
+def test_the_policy_weighs_a_move_by_what_rescales_measured_here_cost(tmp_path):
+    """Until a rescale that started tasks is measured, a job's view has no
+    figures (the policy uses its own); then its own, and for a job never
+    rescaled, every job's."""
+    runtime, capacity = FakeRuntime(launch_s=3.0), FakeCapacity()
+    runtime.programs = {"elasticps.examples.digits:program": ProgramInfo("digits", 64, 100, 1437)}
+    manager = Manager(Store(tmp_path / "m.db"), tmp_path / "work", clock=Clock(), runtime=runtime, capacity=capacity)
+    seen: list[dict[str, tuple]] = []
+    decide = manager.policy.decide
+
+    def spy(views, *args):
+        seen.append({v.id: (v.rescale_pause_s, v.rescale_launch_s) for v in views})
+        return decide(views, *args)
+
+    manager.policy.decide = spy
+    submit(manager, "a")
+    for _ in range(8):
+        manager.step()
+        if runtime.latest("a").rescales:
+            break
+    grown = runtime.latest("a").rescales
+    assert grown and grown[0].new_tasks > 0, "the job was never rescaled"
+    # nothing measured while it ran its first shape; the round that read the record decides with it
+    assert len(seen) > 1 and all(s["a"] == (None, 0.0) for s in seen[:-1])
+    assert seen[-1]["a"] == (pytest.approx(0.02), pytest.approx(3.0))
+    submit(manager, "b")
+    manager.step()
+    assert seen[-1]["b"] == seen[-1]["a"]  # never rescaled: what every job's rescales cost
+    check_invariants(manager)
+
+
+def test_rescale_costs_are_the_medians_of_applied_moves_own_first():
+    from elasticps.manager.rescale_costs import RescaleCost, RescaleCosts
+    from elasticps.runtime.reports import RescaleRecord
+
+    def rec(pause: float, launch: float, new: int, ok: bool = True, reason: str = "request") -> RescaleRecord:
+        return RescaleRecord(1, (1, 1), (1, 1 + new), 5, pause, launch, ok, reason=reason, new_tasks=new)
+
+    costs = RescaleCosts(recent=3)
+    costs.observe("a", rec(0.1, 0.0, 0))  # a shrink: a pause, no launch
+    assert costs.of("a") is None  # no start-up of new tasks measured yet
+    costs.observe("a", rec(0.3, 5.0, 2))
+    costs.observe("a", rec(9.0, 9.0, 1, ok=False))  # failed: no move
+    costs.observe("a", rec(9.0, 0.0, 0, reason="release"))  # tasks released, not a move the policy made
+    assert costs.of("a") == RescaleCost(pytest.approx(0.2), 5.0)
+    for launch in (1.0, 2.0, 3.0, 4.0):  # only the newest 3 count
+        costs.observe("a", rec(0.2, launch, 1))
+    assert costs.of("a") == RescaleCost(0.2, 3.0)
+    assert costs.of("b") == RescaleCost(0.2, 3.0)  # never rescaled: every job's (launches 5, 1, 2, 3, 4)
+    costs.observe("b", rec(1.0, 10.0, 1))
+    assert costs.of("b") == RescaleCost(1.0, 10.0)
+    costs.forget("b")
+    assert costs.of("b") == RescaleCost(0.2, 3.5)  # every job's again: launches 1, 2, 3, 4, 5 and 10

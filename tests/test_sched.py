@@ -285,6 +285,21 @@ def test_elastic_does_not_pay_a_rescale_for_a_tiny_gain():
     assert decision["a"] == (1, 1)
 
 
+def test_elastic_weighs_a_move_by_the_jobs_measured_rescale_cost():
+    # 1 x 1 -> 1 x 2 doubles the speed (100 -> 200 samples/s); 1,000 samples left: it saves 5 s
+    def a(**kw) -> JobView:
+        speed = lambda p, w: 100.0 * w  # noqa: E731
+        return make_job("a", speed=speed, max_ps=1, max_workers=2, current=(1, 1), remaining_samples=1e3, **kw)
+
+    policy, idle = make_policy("elastic"), make_cluster(n=1, cpu=16)
+    assert policy.decide([a()], idle)[0]["a"] == (1, 1)  # the policy's own figure: 5 s < 2 x 10 s
+    # measured: 0.1 s standing still, then 4 s of new tasks starting while it trains on at half the
+    # new speed, which costs it 2 s: 5 s > 2 x 2.1 s
+    assert policy.decide([a(rescale_pause_s=0.1, rescale_launch_s=4.0)], idle)[0]["a"] == (1, 2)
+    # new tasks that take 6 s to start cost it 3 s: 5 s < 2 x 3.1 s
+    assert policy.decide([a(rescale_pause_s=0.1, rescale_launch_s=6.0)], idle)[0]["a"] == (1, 1)
+
+
 def test_a_running_job_does_not_pause_to_free_room_nobody_takes():
     # a runs 1 PS x 4 workers; its model now says 1 x 3 is 1% faster
     def peak3(p: int, w: int) -> float:

@@ -50,6 +50,7 @@ class FakeJob:
     polls: int = 0
     batch: int = 0  # the global batch (0: the program's)
     pause_s: float = 0.02  # what each rescale reports as the time training stood still
+    launch_s: float = 0.0  # what each rescale that starts tasks reports as their start-up time
     rescales: list[RescaleRecord] = field(default_factory=list)
     noise_scale: float | None = None  # reported as measured
     speed_at: Callable[[int, int, int], float] | None = None  # samples/s at (p, w, batch), if the batch matters
@@ -104,9 +105,13 @@ class FakeJob:
         if self.asked is not None:
             p, w, _ = self.asked
             self.events.append(f"step {self.step}: rescaled {self.shape[0]}x{self.shape[1]} -> {p}x{w}")
+            new = max(0, p - self.shape[0]) + max(0, w - self.shape[1])
             self.rescales.append(
-                RescaleRecord(len(self.rescales) + 1, self.shape, (p, w), self.step, self.pause_s, 0.0, True)
-            )
+                RescaleRecord(
+                    len(self.rescales) + 1, self.shape, (p, w), self.step, self.pause_s,
+                    self.launch_s if new else 0.0, True, new_tasks=new,
+                )
+            )  # fmt: skip
             self.shape, self.placed, self.asked = (p, w), self.asked[2], None
         if self.stopping:
             self.state = "stopped"
@@ -178,6 +183,7 @@ class FakeRuntime:
     speed_at: Callable[[int, int, int], float] | None = None  # see FakeJob.speed_at
     cross_cost: float = 0.0  # see FakeJob.cross_cost
     noise_scale: float | None = None  # what every job reports as measured
+    launch_s: float = 0.0  # see FakeJob.launch_s
     fail_start: str | None = None  # the next start raises JobFailedError with this text
     jobs: dict[str, list[FakeJob]] = field(default_factory=dict)  # every start of every job, in order
 
@@ -198,6 +204,7 @@ class FakeRuntime:
             noise_scale=self.noise_scale,
             speed_at=self.speed_at,
             cross_cost=self.cross_cost,
+            launch_s=self.launch_s,
         )
         self.jobs.setdefault(launch.name, []).append(job)
         return job

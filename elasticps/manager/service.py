@@ -43,6 +43,7 @@ from elasticps.errors import ElasticPSError, JobEndedError, ProgramError
 from elasticps.manager.capacity import capacity_change, capacity_signature
 from elasticps.manager.metrics import ManagerMetrics
 from elasticps.manager.priors import FleetPriors, kind_of, read_observations
+from elasticps.manager.rescale_costs import RescaleCosts
 from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
@@ -143,6 +144,7 @@ class Manager:
             capacity = capacity or RayCapacity()
         self.store = store
         self.priors = FleetPriors(store)
+        self.rescale_costs = RescaleCosts()  # what rescales cost here, from the runtime's records
         self.workdir = Path(workdir)
         self.runtime = runtime
         self.capacity = capacity
@@ -489,6 +491,7 @@ class Manager:
             for rec in st.rescales:
                 if rec.ok:
                     self.metrics.rescale_pause_seconds.observe(rec.pause_s)
+                self.rescale_costs.observe(name, rec)
             live.rescales_seen = st.rescales_total
             applied = (st.num_ps, st.num_workers, st.placement)
             if st.state == "running" and st.num_ps and applied != live.applied:
@@ -536,6 +539,7 @@ class Manager:
         self._finish_state(name, state, now, message)
 
     def _finish_state(self, name: str, state: JobState, now: float, message: str) -> None:
+        self.rescale_costs.forget(name)
         try:
             self.store.transition(name, state, now, message)
         except IllegalTransition as exc:  # e.g. cancelled meanwhile: the cancel stands
@@ -640,6 +644,7 @@ class Manager:
             prior = priors.get(kind_of(rec))
             prior = prior.with_span(span) if prior is not None else None
             plan = plan_view(model, limits, current, prior=prior)  # the simulator's rule too
+        cost = self.rescale_costs.of(rec.name)
         return JobView(
             id=rec.name,
             speed=plan.speed,
@@ -661,6 +666,8 @@ class Manager:
             noise_scale=live.status.noise_scale if live is not None and live.status is not None else None,
             speed_at=plan.speed_at,
             speed_sd=plan.sd,
+            rescale_pause_s=cost.pause_s if cost is not None else None,
+            rescale_launch_s=cost.launch_s if cost is not None else 0.0,
         )
 
     def _ours(self) -> dict[str, Resources]:

@@ -897,6 +897,7 @@ class JobController:
             launch_s=time.monotonic() - pending.launched_at,
             ok=True,
             reason=pending.reason,
+            new_tasks=len(started),
         )
         with self._lock:
             self._rescales.append(record)

@@ -113,6 +113,7 @@ class RescaleRecord:
     ok: bool
     error: str | None = None
     reason: str = "request"
+    new_tasks: int = 0  # tasks it started (``launch_s`` is their start-up time if any)
 
 
 @dataclass

@@ -124,6 +124,11 @@ class JobView:
     speed_at: BatchSpeedFn | None = field(default=None, compare=False)
     #: the relative std of ``speed(p, w)`` as an estimate (None: known exactly)
     speed_sd: SpeedFn | None = field(default=None, compare=False)
+    #: what a rescale costs this job, as measured: the seconds training stands
+    #: still, and the seconds new tasks take to start while it trains on at its
+    #: old shape (None: the policy's own figure, as a pause)
+    rescale_pause_s: float | None = None
+    rescale_launch_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (0 <= self.min_ps <= self.max_ps) or not (1 <= self.min_workers <= self.max_workers):

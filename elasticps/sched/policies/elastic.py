@@ -28,8 +28,11 @@ costs, and slow to shrink.
    vs 2550/2033/2810/2356 s with 1; light 1000 x 256 equal; half GPU jobs,
    seeds 0-1: 4593/5161 s vs 5207/5599 s).
 2. **Rescale cost.** A running job moves to a bigger target only if the
-   predicted time saved on its remaining work exceeds ``cost_factor`` x
-   ``rescale_cost_s``.
+   predicted time saved on its remaining work exceeds ``cost_factor`` x what
+   the move costs it: ``rescale_cost_s`` of standing still, or, where the
+   job's rescales were measured (``JobView.rescale_pause_s``), its pause plus
+   what training at the old speed while the new tasks start loses against
+   the new one (``rescale_launch_s`` x (1 - old speed / new speed)).
 3. **Hysteresis.** A running job shrinks only after ``shrink_rounds``
    consecutive rounds wishing it, unless the room is needed to admit a waiting
    job. Jobs held at their current shape keep it; the others share the rest.
@@ -236,13 +239,23 @@ class ElasticPolicy:
 
     def _worth_moving(self, job: JobView, cur: tuple[int, int], tgt: tuple[int, int]) -> bool:
         """Whether the time ``tgt`` saves on the job's remaining work is more
-        than ``cost_factor`` x ``rescale_cost_s``."""
+        than ``cost_factor`` x what the move costs it (``_move_cost_s``)."""
         obj = objective_of(job, self.objective)
         u_cur, u_tgt = utility(job, *cur, obj), utility(job, *tgt, obj)
         if u_cur <= 0:
             return True
-        saved = job.remaining_samples / u_cur - job.remaining_samples / max(u_tgt, 1e-12)
-        return saved > self.cost_factor * self.rescale_cost_s
+        u_tgt = max(u_tgt, 1e-12)
+        saved = job.remaining_samples / u_cur - job.remaining_samples / u_tgt
+        return saved > self.cost_factor * self._move_cost_s(job, u_cur, u_tgt)
+
+    def _move_cost_s(self, job: JobView, u_cur: float, u_tgt: float) -> float:
+        """The time a move from utility ``u_cur`` to ``u_tgt`` adds to the job's
+        completion: ``rescale_cost_s`` unless its rescales were measured; then
+        the pause, plus the launch during which it makes ``u_cur`` progress
+        where the new shape would make ``u_tgt``."""
+        if job.rescale_pause_s is None:
+            return self.rescale_cost_s
+        return job.rescale_pause_s + job.rescale_launch_s * max(0.0, 1.0 - u_cur / u_tgt)
 
     @staticmethod
     def _fit_held(
