@@ -376,6 +376,7 @@ def test_metrics_are_prometheus_families_that_follow_the_jobs(env):
     from prometheus_client.parser import text_string_to_metric_families
 
     manager, runtime, _ = env
+    runtime.launch_s = 1.5  # what each rescale that starts tasks reports as their start-up
     submit(manager, "m")
     manager.step()
     runtime.latest("m").steps_per_poll = 1  # a long job: it runs through every scrape here
@@ -400,6 +401,9 @@ def test_metrics_are_prometheus_families_that_follow_the_jobs(env):
     applied = len(job.rescales)  # the runtime's records of applied rescales, each with its pause
     assert applied >= 1 and first["elasticps_rescale_pause_seconds_count"][()] == applied
     assert first["elasticps_rescale_pause_seconds_sum"][()] == pytest.approx(applied * job.pause_s)
+    started = sum(1 for r in job.rescales if r.new_tasks)  # those that started tasks, each with its start-up
+    assert started >= 1 and first["elasticps_rescale_launch_seconds_count"][()] == started
+    assert first["elasticps_rescale_launch_seconds_sum"][()] == pytest.approx(started * 1.5)
     cpus = {k[0][1]: v for k, v in first["elasticps_cluster_cpus"].items()}
     assert cpus["capacity"] == 8.0 and cpus["ours"] + cpus["free"] + cpus["others"] == pytest.approx(8.0)
     manager.step()

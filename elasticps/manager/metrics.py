@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DECISION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 PAUSE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+LAUNCH_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class ManagerMetrics:
@@ -46,6 +47,13 @@ class ManagerMetrics:
             "elasticps_rescale_pause_seconds",
             "Time training stood still for one applied rescale (the runtime's RescaleRecord.pause_s).",
             buckets=PAUSE_BUCKETS,
+            registry=self.registry,
+        )
+        self.rescale_launch_seconds = Histogram(
+            "elasticps_rescale_launch_seconds",
+            "Time the new tasks of one applied rescale took to start while the job trained on "
+            "(the runtime's RescaleRecord.launch_s, of rescales that started tasks).",
+            buckets=LAUNCH_BUCKETS,
             registry=self.registry,
         )
         self.registry.register(_StateCollector(manager))
