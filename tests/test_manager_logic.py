@@ -533,6 +533,8 @@ def test_the_policy_weighs_a_move_by_what_rescales_measured_here_cost(tmp_path):
     # nothing measured while it ran its first shape; the round that read the record decides with it
     assert len(seen) > 1 and all(s["a"] == (None, 0.0) for s in seen[:-1])
     assert seen[-1]["a"] == (pytest.approx(0.02), pytest.approx(3.0))
+    asked = [e[4] for e in manager.store.events("a") if e[3] == "rescale"]
+    assert asked and asked[0].endswith("(the round saw 8 of 8 CPUs free for our jobs)")  # what it was decided on
     submit(manager, "b")
     manager.step()
     assert seen[-1]["b"] == seen[-1]["a"]  # never rescaled: what every job's rescales cost

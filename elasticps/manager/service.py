@@ -291,7 +291,7 @@ class Manager:
             for rec in records:
                 shape, placement = shapes.get(rec.name), placed.placement.get(rec.name)
                 if shape is not None and placement is not None:
-                    self._apply(rec, shape, placement, now)
+                    self._apply(rec, shape, placement, now, cluster)
                     if rec.name in batches:
                         self._apply_batch(rec.name, batches[rec.name], now)
             if self.growth is not None:
@@ -413,7 +413,11 @@ class Manager:
         live.batch = batch
         self.store.add_event(now, name, "batch", f"global batch {batch} (objective {self.objective})")
 
-    def _apply(self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float) -> None:
+    def _apply(
+        self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float, cluster: ClusterView
+    ) -> None:
+        """Start the job, or ask it for its new shape; the event says how much
+        room the round saw for our jobs (what the decision was made on)."""
         live = self.live.get(rec.name)
         try:
             if live is None:
@@ -422,7 +426,13 @@ class Manager:
                 live.handle.rescale(*shape, placement)
                 live.asked, live.asked_placement = shape, placement
                 self.store.set_desired(rec.name, shape)
-                self.store.add_event(now, rec.name, "rescale", f"rescale to {shape[0]} PS x {shape[1]} workers")
+                room = f"{cluster.available.cpu:.10g} of {cluster.capacity.cpu:.10g} CPUs"
+                self.store.add_event(
+                    now,
+                    rec.name,
+                    "rescale",
+                    f"rescale to {shape[0]} PS x {shape[1]} workers (the round saw {room} free for our jobs)",
+                )
         except JobEndedError:
             pass  # it ended since this round polled it; the next poll retires it
         except ElasticPSError as exc:  # this job's trouble; the round goes on for the others
