@@ -19,8 +19,10 @@ Workloads (a user's, not picked to flatter a ratio):
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -140,18 +142,32 @@ def throughput(steps: int, batch: int) -> dict[str, float]:
     return {"single_process_samples_per_s": ref.samples_per_s, "ps_1x1_samples_per_s": steps * batch / elapsed}
 
 
-def rescale_pauses(batch: int) -> dict[str, float]:
-    program = synthetic.program(batch_size=batch, epochs=1000, num_samples=batch * 8)
-    job = JobController(program, _bench_config(), 1, 1)
+@contextlib.contextmanager
+def _training(program: Any, config: JobConfig) -> Iterator[JobController]:
+    """A 1x1 job of ``program`` training in a thread while the block rescales it; stopped and shut down after."""
+    job = JobController(program, config, 1, 1)
     job.start()
     thread = job.run_in_thread()
+    try:
+        yield job
+    finally:
+        job.stop()
+        thread.join()
+        job.shutdown()
+
+
+def rescale_pauses(batch: int) -> dict[str, float]:
+    program = synthetic.program(batch_size=batch, epochs=1000, num_samples=batch * 8)
     pauses = {}
-    for name, shape in (("add_worker", (1, 2)), ("remove_worker", (1, 1)), ("add_ps", (2, 1)), ("remove_ps", (1, 1))):
-        rec = job.wait_rescale(job.rescale(*shape), timeout_s=600)
-        pauses[name] = rec.pause_s
-    job.stop()
-    thread.join()
-    job.shutdown()
+    with _training(program, _bench_config()) as job:
+        for name, shape in (
+            ("add_worker", (1, 2)),
+            ("remove_worker", (1, 1)),
+            ("add_ps", (2, 1)),
+            ("remove_ps", (1, 1)),
+        ):
+            rec = job.wait_rescale(job.rescale(*shape), timeout_s=600)
+            pauses[name] = rec.pause_s
     return pauses
 
 
@@ -161,16 +177,11 @@ def task_starts(repeats: int) -> dict[str, float]:
     program = digits.program(epochs=1000, model="cnn", batch_size=128)
     out = {}
     for name, share in (("shared_dataset", True), ("own_dataset", False)):
-        job = JobController(program, _bench_config(share_dataset=share), 1, 1)
-        job.start()
-        thread = job.run_in_thread()
         times = []
-        for _ in range(repeats):
-            times.append(job.wait_rescale(job.rescale(1, 4), timeout_s=600).launch_s)
-            job.wait_rescale(job.rescale(1, 1), timeout_s=600)
-        job.stop()
-        thread.join()
-        job.shutdown()
+        with _training(program, _bench_config(share_dataset=share)) as job:
+            for _ in range(repeats):
+                times.append(job.wait_rescale(job.rescale(1, 4), timeout_s=600).launch_s)
+                job.wait_rescale(job.rescale(1, 1), timeout_s=600)
         out[name] = statistics.median(times)
     return out
 

@@ -42,8 +42,8 @@ class _Records:
 
     def add(self, rec: RescaleRecord) -> None:
         self.pauses.append(rec.pause_s)
-        if rec.new_tasks > 0:
-            self.launches.append(rec.launch_s)
+        if rec.tasks_start_s is not None:
+            self.launches.append(rec.tasks_start_s)
 
 
 class RescaleCosts:

@@ -501,8 +501,8 @@ class Manager:
             for rec in st.rescales:
                 if rec.ok:
                     self.metrics.rescale_pause_seconds.observe(rec.pause_s)
-                    if rec.new_tasks:
-                        self.metrics.rescale_launch_seconds.observe(rec.launch_s)
+                    if rec.tasks_start_s is not None:
+                        self.metrics.rescale_launch_seconds.observe(rec.tasks_start_s)
                 self.rescale_costs.observe(name, rec)
             live.rescales_seen = st.rescales_total
             applied = (st.num_ps, st.num_workers, st.placement)

@@ -115,6 +115,11 @@ class RescaleRecord:
     reason: str = "request"
     new_tasks: int = 0  # tasks it started (``launch_s`` is their start-up time if any)
 
+    @property
+    def tasks_start_s(self) -> float | None:
+        """How long its new tasks took to start while the job trained on (None: it started none)."""
+        return self.launch_s if self.new_tasks > 0 else None
+
 
 @dataclass
 class JobReport:
