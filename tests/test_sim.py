@@ -250,9 +250,11 @@ def test_cli_seeds_runs_each_seed_and_summarizes(tmp_path, capsys):
     args = ["sim", "--jobs", "20", "--nodes", "4", "--compare", "static,elastic,oracle", "--quiet"]
     assert main([*args, "--seed", "5", "--seeds", "2", "--json", str(out)]) == 0
     table = capsys.readouterr().out
-    assert "best non-oracle" in table and "of 2" in table
+    assert "best non-oracle" in table and "of 2" in table and "gap to bound" in table
     data = json.loads(out.read_text())
     assert set(data["per_seed"]) == {"5", "6"} and set(data["summary"]) == {"static", "elastic", "oracle"}
+    elastic = data["summary"]["elastic"]
+    assert elastic["worst_p99_jct_s"] >= elastic["mean_p99_jct_s"] and elastic["worst_gap_to_bound"] > 0
     one = simulate(synthetic_workload(20, seed=6), SimConfig(nodes=4, policy="elastic", seed=6))
     assert data["per_seed"]["6"]["elastic"]["avg_jct_s"] == pytest.approx(one.metrics["avg_jct_s"])
     with pytest.raises(SystemExit, match="at least 1"):

@@ -349,6 +349,8 @@ def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
             f"{name:10s} {row['mean_avg_jct_s']:14.0f} {wins:>16s} {gain:>22s} "
             f"{row['mean_cpu_hours']:15.0f} {jct_vs:>20s} {cpu_vs:>22s}"
         )
+    if all("mean_gap_to_bound" in row for row in summary.values()):
+        _print_worst(summary)
     if args.json:
         data = {
             "summary": summary,
@@ -357,6 +359,19 @@ def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
+
+
+def _print_worst(summary: dict) -> None:
+    """Each policy's mean and worst seed of avg and p99 JCT, makespan and gap to the lower bound."""
+    print(f"\n{'policy':10s} " + " ".join(f"{c:>22s}" for c in ("avg JCT", "p99 JCT", "makespan", "gap to bound")))
+    for name, row in summary.items():
+        cells = [
+            f"{row['mean_' + m]:.0f} (worst {row['worst_' + m]:.0f})" for m in ("avg_jct_s", "p99_jct_s", "makespan_s")
+        ]
+        cells.append(f"{row['mean_gap_to_bound']:.1%} (worst {row['worst_gap_to_bound']:.1%})")
+        print(f"{name:10s} " + " ".join(f"{c:>22s}" for c in cells))
+    bound = next(iter(summary.values()))
+    print(f"lower bound (s): mean {bound['mean_lower_bound_s']:.0f}, largest {bound['worst_lower_bound_s']:.0f}")
 
 
 def _change_range(change: dict | None) -> str:
@@ -389,6 +404,7 @@ def _print_table(results: dict) -> None:
         cols.append("batch_changes")
     if any("gain_captured" in r.metrics for r in results.values()):
         cols.append("gain_captured")  # (static - policy) / (static - oracle), avg JCT
+    cols += ["lower_bound_s", "gap_to_bound"]  # elasticps.sim.bound; avg JCT / bound - 1
     print(f"{'policy':10s} " + " ".join(f"{c:>16s}" for c in cols))
     for name, r in results.items():
         print(f"{name:10s} " + " ".join(f"{r.metrics.get(c, float('nan')):16.4g}" for c in cols))

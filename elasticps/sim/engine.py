@@ -49,7 +49,8 @@ from elasticps.sched.policies import make_policy
 from elasticps.sched.speed import PRIOR_PER_JOB, fleet_prior
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
-from elasticps.sim.workload import KINDS, WorkloadJob, noise_scale_at
+from elasticps.sim.bound import lower_bound
+from elasticps.sim.workload import KINDS, WorkloadJob, job_speed_factor, noise_scale_at
 
 #: ``--policy oracle``: the elastic policy's decisions, admission and placement,
 #: made knowing each job's true speed (a bound on what learning the speeds can give).
@@ -377,9 +378,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             spec = arrivals[ai]
             kind = KINDS[spec.kind]
             job = _Job(spec, kind, spec.samples, SpeedModel(kind.batch, span=span_of(spec)), batch=kind.batch)
-            if config.job_speed_spread > 0:  # drawn from the job's own stream: the same job, the same factor
-                factor_rng = random.Random(f"{config.seed}:{spec.id}")
-                job.speed_factor = factor_rng.lognormvariate(0.0, config.job_speed_spread)
+            job.speed_factor = job_speed_factor(spec, config.seed, config.job_speed_spread)
             jobs[spec.id] = active[spec.id] = job
             ai += 1
         if t >= next_tenant:
@@ -428,6 +427,13 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         "decision_median_ms": statistics.median(decision_times) * 1e3 if decision_times else 0.0,
         "decision_p99_ms": _percentile(decision_times, 0.99) * 1e3,
     }
+    bound = lower_bound(
+        workload, config.nodes, capacity, config.local_traffic_factor,
+        lambda spec: job_speed_factor(spec, config.seed, config.job_speed_spread),
+    )  # fmt: skip
+    metrics["lower_bound_s"] = bound.avg_jct_s
+    metrics["gap_to_bound"] = metrics["avg_jct_s"] / bound.avg_jct_s - 1.0
+    metrics["lower_bound"] = bound.to_dict()
     if gpu_placements[0]:
         metrics["gpu_jobs_over_spread"] = gpu_placements[1] / gpu_placements[0]
         metrics["gpu_jobs_avoidably_spread"] = gpu_placements[2] / gpu_placements[0]

@@ -6,8 +6,9 @@ which changes every later one, so one policy's avg JCT on one seed moves by
 than that on a seed are a tie; a claim about which is better needs many
 seeds. :func:`summarize` turns per-seed results into that claim: each
 policy's mean avg JCT, its mean share of the oracle's gain, on how many
-seeds it had the lowest avg JCT of the policies other than the oracle, and
-the range over seeds of its avg JCT and CPU-hours against the first run's
+seeds it had the lowest avg JCT of the policies other than the oracle, the
+mean and worst seed of its avg and p99 JCT, makespan and gap to the lower
+bound (:mod:`elasticps.sim.bound`), and the range over seeds of its avg JCT and CPU-hours against the first run's
 (how ``--objectives goodput,speed,efficiency`` is judged: each against
 goodput).
 """
@@ -19,12 +20,17 @@ from typing import Any
 
 from elasticps.sim.engine import ORACLE, SimResult, gain_captured
 
+#: Metrics summarized by their mean and their worst (largest) seed, where every run has them.
+WORST_OF = ("avg_jct_s", "p99_jct_s", "makespan_s", "lower_bound_s", "gap_to_bound")
+
 
 def summarize(per_seed: dict[int, dict[str, SimResult]]) -> dict[str, dict[str, Any]]:
     """Per policy: ``mean_avg_jct_s``, ``seeds``, ``best_non_oracle`` (seeds
     where its avg JCT was the lowest of the non-oracle policies; a tie counts
     for each), ``mean_cpu_hours``, and where static and the oracle ran,
-    ``mean_gain_captured``, ``min_gain_captured``. Every run after the first
+    ``mean_gain_captured``, ``min_gain_captured``; for each of :data:`WORST_OF`
+    the runs have, ``mean_<metric>`` and ``worst_<metric>`` (the largest over
+    the seeds). Every run after the first
     also has ``avg_jct_vs_first`` and ``cpu_hours_vs_first``: the relative
     change against the first run of the same seed (-0.2: 20% less), as
     ``{"min", "mean", "max"}`` over the seeds."""
@@ -50,6 +56,11 @@ def summarize(per_seed: dict[int, dict[str, SimResult]]) -> dict[str, dict[str, 
     first = policies[0]
     for name in policies:
         out[name]["mean_avg_jct_s"] = statistics.fmean(r[name].metrics["avg_jct_s"] for r in per_seed.values())
+        for metric in WORST_OF:
+            values = [r[name].metrics[metric] for r in per_seed.values() if metric in r[name].metrics]
+            if len(values) == len(per_seed):
+                out[name][f"mean_{metric}"] = statistics.fmean(values)
+                out[name][f"worst_{metric}"] = max(values)
         out[name]["mean_cpu_hours"] = statistics.fmean(r[name].metrics["cpu_hours"] for r in per_seed.values())
         if name != first:
             for metric in ("avg_jct_s", "cpu_hours"):

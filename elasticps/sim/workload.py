@@ -18,6 +18,14 @@ KINDS = {k.name: k for k in MODEL_KINDS + GPU_KINDS}
 NOISE_GROWTH = 10.0
 
 
+def job_speed_factor(spec: WorkloadJob, seed: int, sigma: float) -> float:
+    """A job's true speed against its kind's: lognormal(0, ``sigma``), drawn from
+    the job's own stream (the same job, the same factor, whatever the policy)."""
+    if sigma <= 0:
+        return 1.0
+    return random.Random(f"{seed}:{spec.id}").lognormvariate(0.0, sigma)
+
+
 def noise_scale_at(job: WorkloadJob, done: float) -> float:
     """The job's noise scale once ``done`` (0..1) of its work is done: geometric growth."""
     return job.noise_scale * NOISE_GROWTH ** min(1.0, max(0.0, done))
