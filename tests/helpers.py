@@ -67,3 +67,17 @@ def counted_digits(log_dir: str, picklable: bool = True):
         pass
     data = digits.train_set()
     return data if picklable else _Locked(*data.tensors)
+
+
+def mount_tiny_tmpfs(path, size: str = "64k") -> bool:
+    """Mount a tmpfs of ``size`` on ``path`` (a real full disk for a test); False
+    where this machine does not let us mount (not root, no CAP_SYS_ADMIN)."""
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], capture_output=True
+    )
+    return done.returncode == 0
+
+
+def unmount(path) -> None:
+    subprocess.run(["umount", "-l", str(path)], check=False)

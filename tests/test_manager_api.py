@@ -66,6 +66,14 @@ def test_submit_list_get_cancel_events_metrics(server):
     kinds = [(e["job"], e["kind"]) for e in client.get("/events").json()]
     assert kinds == [("job-1", "submitted"), ("job-2", "submitted"), ("job-1", "cancelled")]
     assert len(client.get("/events", params={"after": 2}).json()) == 1
+    # query figures beyond what the database holds are the client's error, not the server's
+    for path, params in [
+        ("/events", {"after": "99999999999999999999"}),
+        ("/events", {"after": -1}),
+        ("/jobs/job-2/logs", {"after_step": "99999999999999999999"}),
+        ("/events", {"job": "x" * 64}),
+    ]:
+        assert client.get(path, params=params).status_code == 400, (path, params)
     metrics = client.get("/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
     jobs = {s.labels["state"]: s.value for s in families["elasticps_jobs"].samples}

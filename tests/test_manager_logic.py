@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from elasticps.errors import ProgramError
+from elasticps.errors import ConfigError, ProgramError
 from elasticps.manager import IllegalTransition, JobState, LimitsPatch, Manager, Retention, Store, parse_spec
 from elasticps.manager.fake import FakeCapacity, FakeRuntime
 from elasticps.manager.runtime import ProgramInfo
@@ -357,14 +357,14 @@ def test_delete_frees_the_name_of_an_ended_job_only(env):
     manager.step()
     with pytest.raises(JobInUse, match="cancel it before deleting it"):
         manager.delete("d")
-    (manager.workdir / "d" / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (manager.workdir / "jobs.d" / "d" / "checkpoints").mkdir(parents=True, exist_ok=True)
     manager.cancel("d")
     if manager._to_close:  # still stopping: refused until the round has closed it
         with pytest.raises(JobInUse, match="still stopping"):
             manager.delete("d")
         manager.step()
     assert manager.delete("d").state == JobState.CANCELLED
-    assert not (manager.workdir / "d").exists()  # a new job of that name must not resume the old checkpoints
+    assert not (manager.workdir / "jobs.d" / "d").exists()  # a new job of that name must not resume the old checkpoints
     assert manager.store.events("d") == [] and manager.store.observations("d") == []
     assert any(k == "deleted" for _, _, _, k, _ in manager.store.events())
     submit(manager, "d")  # the name is free again
@@ -563,3 +563,50 @@ def test_rescale_costs_are_the_medians_of_applied_moves_own_first():
     assert costs.of("b") == RescaleCost(1.0, 10.0)
     costs.forget("b")
     assert costs.of("b") == RescaleCost(0.2, 3.5)  # every job's again: launches 1, 2, 3, 4, 5 and 10
+
+
+def test_jobs_named_like_the_workdirs_secrets_keep_their_files_apart(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "token").write_text("api-secret\n")
+    (work / "ray-token").write_text("ray-secret\n")
+    runtime = FakeRuntime()
+    manager = Manager(Store(tmp_path / "m.db"), work, clock=Clock(), runtime=runtime, capacity=FakeCapacity())
+    for name in ("token", "ray-token"):
+        submit(manager, name, cpu=0.5)
+    manager.step()
+    for name in ("token", "ray-token"):
+        assert runtime.latest(name).launch.config.checkpoint_dir == str(work / "jobs.d" / name / "checkpoints")
+    for name in ("token", "ray-token"):
+        manager.cancel(name)
+    manager.step()
+    for name in ("token", "ray-token"):
+        manager.delete(name)
+    assert (work / "token").read_text() == "api-secret\n" and (work / "ray-token").read_text() == "ray-secret\n"
+    check_invariants(manager)
+
+
+def test_a_workdir_of_the_older_layout_has_its_job_folders_moved(tmp_path):
+    work = tmp_path / "work"
+    store = Store(tmp_path / "m.db")
+    for name in ("old-a", "old-b"):
+        store.add_job(parse_spec(SPEC.format(name=name, cpu=1)), 1.0)
+    (work / "old-a" / "checkpoints").mkdir(parents=True)
+    (work / "old-a" / "checkpoints" / "ckpt-0000000005.npz").write_bytes(b"x")
+    (work / "stranger").mkdir()  # not a job's: left alone
+    Manager(store, work, clock=Clock(), runtime=FakeRuntime(), capacity=FakeCapacity())
+    assert (work / "jobs.d" / "old-a" / "checkpoints" / "ckpt-0000000005.npz").read_bytes() == b"x"
+    assert not (work / "old-a").exists() and (work / "stranger").is_dir() and not (work / "jobs.d" / "old-b").exists()
+    # both layouts at once: which holds the checkpoints is not guessed
+    (work / "old-a").mkdir()
+    with pytest.raises(ConfigError, match="both"):
+        Manager(store, work, clock=Clock(), runtime=FakeRuntime(), capacity=FakeCapacity())
+
+
+def test_a_policy_option_no_policy_takes_is_an_error_that_lists_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"no option 'rescale_cost'.*rescale_cost_s"):
+        Manager(Store(tmp_path / "m.db"), tmp_path, runtime=FakeRuntime(), capacity=FakeCapacity(),
+                policy_options={"rescale_cost": 1.0})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"policy 'static' has no option 'spare_z' \(its options: none\)"):
+        Manager(Store(tmp_path / "m.db"), tmp_path, policy="static", runtime=FakeRuntime(), capacity=FakeCapacity(),
+                policy_options={"spare_z": 1.0})  # fmt: skip

@@ -64,7 +64,7 @@ def test_manager_sigkill_and_restart(tmp_path):
     other = _server(tmp_path, port + 1 if port < 65535 else port - 1, tmp_path / "other.log")
     assert other.wait(timeout=180) == 2
     assert f"pid {first.pid}" in (tmp_path / "other.log").read_text()
-    ckpts = CheckpointStore(tmp_path / "survivor" / "checkpoints")
+    ckpts = CheckpointStore(tmp_path / "jobs.d" / "survivor" / "checkpoints")
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         latest = ckpts.latest()

@@ -41,6 +41,8 @@ def test_a_good_spec_parses_with_defaults():
         (GOOD.replace("min: 1, max: 4", "min: true, max: 4"), "field 'workers.min': Input should be a valid integer"),
         (GOOD.replace("max: 4", "max: '4'"), "field 'workers.max': Input should be a valid integer"),
         (GOOD + "args: {seed: .nan}\n", "field 'args.seed': must be a finite number"),
+        (GOOD + f"args: {{epochs: {10**400}}}\n", r"argument 'epochs': integers must be at most 2\*\*53"),
+        (GOOD + f"args: {{epochs: {-(2**53) - 1}}}\n", r"argument 'epochs': integers must be at most 2\*\*53"),
         (GOOD.replace("cpu: 1", "cpu: 1, memory_gb: .inf"), "field 'workers.memory_gb': Input should be a finite"),
         (GOOD + "args: {lr: &x 1, mom: *x}\n", "aliases are not allowed"),
         ("[" * 3000 + "]" * 3000, "nested too deeply"),

@@ -284,7 +284,7 @@ def test_the_trained_model_comes_back_as_a_state_dict_and_an_exported_file(ray_l
     assert all(torch.equal(exported[k], state[k]) for k in state)
     other = ["export", "--program", "elasticps.examples.digits:cnn_program", "--checkpoint-dir", str(tmp_path / "ckpt")]
     assert main([*other, "--out", str(out)]) != 0
-    assert "not of digits-cnn's model: 26122 parameters given, the model has 151306" in capsys.readouterr().err
+    assert "not of digits-cnn's model (26122 parameters given, the model has 151306)" in capsys.readouterr().err
 
 
 def test_a_transformer_with_dict_batches_is_exact_through_a_rescale(ray_local):

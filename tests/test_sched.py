@@ -23,6 +23,7 @@ from elasticps.sched import (
     statistical_efficiency,
 )
 from elasticps.sched.objectives import Objective, batches_for, best_batch_of
+from elasticps.sched.policies import options_for
 from elasticps.sched.speed import fleet_prior
 from tests.builders import make_cluster, make_job, optimus_speed
 
@@ -406,6 +407,16 @@ def test_bad_names_are_refused():
         make_policy("magic")
     with pytest.raises(ConfigError, match="objective must be one of"):
         make_policy("elastic", objective="fastest")
+    with pytest.raises(ConfigError, match="objective must be one of"):
+        make_policy("static", objective="fastest")  # checked even where the policy does not weigh it
+    # an option's typo is an error naming it and listing the valid ones, for every policy
+    for name in POLICIES:
+        with pytest.raises(ConfigError, match=rf"policy '{name}' has no option 'min_gian' \(its options: "):
+            make_policy(name, min_gian=0.1)
+    assert options_for("static", {"rescale_cost_s": 1.0}) == {}
+    assert options_for("elastic", {"rescale_cost_s": 1.0}) == {"rescale_cost_s": 1.0}
+    with pytest.raises(ConfigError, match="no policy has the option 'rescale_costs'"):
+        options_for("static", {"rescale_costs": 1.0})
     with pytest.raises(ConfigError, match="min_ps <= max_ps"):
         make_job("x", min_ps=3, max_ps=2)
 

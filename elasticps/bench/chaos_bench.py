@@ -321,7 +321,7 @@ class _Chaos:
         return f"node {node.node_id[:12]} (replaced)"
 
     def corrupt_checkpoint(self) -> str | None:
-        ckpts = sorted(self.server.workdir.glob("*/checkpoints/ckpt-*.npz"), key=lambda p: p.stat().st_mtime)
+        ckpts = sorted(self.server.workdir.glob("jobs.d/*/checkpoints/ckpt-*.npz"), key=lambda p: p.stat().st_mtime)
         if not ckpts:
             return None
         path = ckpts[-1]

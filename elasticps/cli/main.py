@@ -207,7 +207,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             store.close()
         if spec.runtime_env and spec.runtime_env.working_dir and Path(spec.runtime_env.working_dir).is_dir():
             sys.path.insert(0, spec.runtime_env.working_dir)  # shipped code: import it from where it was shipped
-        program, directory = load_program(spec.program, spec.args), workdir / args.name / "checkpoints"
+        from elasticps.manager.workdir import job_dir
+
+        program, directory = load_program(spec.program, spec.args), job_dir(workdir, args.name) / "checkpoints"
     info = export_checkpoint(program, directory, args.out)
     print(
         f"wrote {args.out}: {program.name}, step {info['step']}, epoch {info['epoch']}, {info['parameters']} parameters"

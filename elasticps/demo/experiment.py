@@ -40,6 +40,7 @@ from elasticps.errors import JobFailedError
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.store import Store
+from elasticps.sched.policies import options_for
 from elasticps.tables import format_table
 
 T = TypeVar("T", bound=tuple)
@@ -147,7 +148,7 @@ def run_scenario(
             policy=policy,
             objective=objective,
             report_interval_s=2.0,
-            policy_options=dict(setup.policy_options),
+            policy_options=options_for(policy, dict(setup.policy_options)),
         )
         t0 = time.time()
         for spec in setup.job_specs():

@@ -36,7 +36,7 @@ from elasticps.errors import ConfigError, ElasticPSError, ProgramError
 from elasticps.manager.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from elasticps.manager.models import Allocation, ErrorOut, EventOut, JobOut, LogLine, Progress
 from elasticps.manager.service import Manager
-from elasticps.manager.spec import MAX_SPEC_BYTES, JobSpec, LimitsPatch, parse_limits, parse_spec
+from elasticps.manager.spec import MAX_INT, MAX_SPEC_BYTES, JobSpec, LimitsPatch, parse_limits, parse_spec
 from elasticps.manager.states import IllegalTransition, JobInUse
 from elasticps.manager.store import JobRecord
 from elasticps.runtime import JobReport
@@ -231,7 +231,7 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
         return await run_in_threadpool(command, lambda: manager.set_limits(name, parse_limits(body, fmt)), name)
 
     @app.get("/jobs/{name}/logs", dependencies=deps, response_model=list[LogLine], responses=ERRORS)
-    def logs(name: str, after_step: int = -1) -> list[dict[str, Any]]:
+    def logs(name: str, after_step: int = Query(-1, ge=-1, le=MAX_INT)) -> list[dict[str, Any]]:
         """The job's progress as log lines (windows, epochs, runtime events) from
         this manager's run of it; ``after_step`` keeps the lines after that step."""
         job_or_404(name)
@@ -239,7 +239,7 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
         return [] if report is None else job_log_lines(report, after_step)
 
     @app.get("/events", dependencies=deps, response_model=list[EventOut], responses=ERRORS)
-    def events(job: str | None = None, after: int = Query(0, ge=0)) -> list[EventOut]:
+    def events(job: str | None = Query(None, max_length=63), after: int = Query(0, ge=0, le=MAX_INT)) -> list[EventOut]:
         rows = manager.store.events(job, after)
         return [EventOut(id=i, at=at, job=j, kind=kind, message=msg) for i, at, j, kind, msg in rows]
 

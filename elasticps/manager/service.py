@@ -48,6 +48,7 @@ from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, Job
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
 from elasticps.manager.store import JobRecord, Retention, Store
+from elasticps.manager.workdir import job_dir, migrate_job_dirs
 from elasticps.placement import place, spans_on
 from elasticps.runtime import JobConfig, JobReport, TaskResources
 from elasticps.sched import ClusterView, JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
@@ -172,6 +173,8 @@ class Manager:
         # the latest rounds' decisions: (time, {job: (ps, workers)}), for reports and tests
         self.decisions: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=1000)
         self.metrics = ManagerMetrics(self)
+        for name in migrate_job_dirs(self.workdir, [r.name for r in store.list_jobs()]):
+            log.warning("job %s: its files moved to %s (the workdir's new layout)", name, job_dir(self.workdir, name))
 
     # -- commands (from the API's threads)
     def submit(self, spec: JobSpec) -> JobRecord:
@@ -247,7 +250,7 @@ class Manager:
                 raise JobInUse(f"job {name!r} is still stopping; delete it again in a moment")
             rec = self.store.delete_job(name)
             self.priors.forget(name)
-            shutil.rmtree(self.workdir / name, ignore_errors=True)
+            shutil.rmtree(job_dir(self.workdir, name), ignore_errors=True)
             self.store.add_event(self.clock(), None, "deleted", f"job {name} deleted ({rec.state}); its name is free")
             self._failures.pop(name, None)
             self._not_before.pop(name, None)
@@ -448,7 +451,7 @@ class Manager:
         spec = rec.spec
         config = JobConfig(
             mode=spec.mode,
-            checkpoint_dir=str(self.workdir / rec.name / "checkpoints"),
+            checkpoint_dir=str(job_dir(self.workdir, rec.name) / "checkpoints"),
             checkpoint_every_steps=spec.checkpoint_every_steps,
             report_interval_s=self.report_interval_s,
             ps_resources=_task_resources(spec.ps),

@@ -17,7 +17,7 @@ runtime_env:                                 # optional: Ray's runtime_env for t
 ```
 
 Validation is strict: integers must be integers (``true`` is not 1, ``"3"`` is
-not 3), numbers must be finite, names must match in full, a PS job has at
+not 3) of at most 2**53 in size, numbers must be finite, names must match in full, a PS job has at
 least one PS. Every error names its field. Nothing here imports the program:
 that happens in a Ray process of the job's own (see :mod:`elasticps.manager.runtime`).
 """
@@ -40,10 +40,17 @@ MAX_SPEC_BYTES = 64 * 1024
 MAX_ARGS = 32
 MAX_ARG_CHARS = 1024
 MAX_TASKS = 1024
+#: Integers a spec may carry: what a float (JSON's number, the dashboard's) holds exactly.
+MAX_INT = 2**53
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-ArgValue = Annotated[int, Field(strict=True)] | float | Annotated[str, Field(max_length=MAX_ARG_CHARS)] | bool
+ArgValue = (
+    Annotated[int, Field(strict=True, ge=-MAX_INT, le=MAX_INT)]
+    | Annotated[float, Field(strict=True, allow_inf_nan=False)]
+    | Annotated[str, Field(max_length=MAX_ARG_CHARS)]
+    | bool
+)
 
 
 class TaskSpec(BaseModel):
@@ -116,6 +123,16 @@ class JobSpec(BaseModel):
             raise ValueError("must look like 'package.module:attr'")
         return v
 
+    @field_validator("args", mode="before")
+    @classmethod
+    def _int_args_in_range(cls, v: Any) -> Any:
+        """An integer beyond 2**53 is refused, not read as the float next to it."""
+        if isinstance(v, dict):
+            for key, value in v.items():
+                if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+                    raise ValueError(f"argument {str(key)[:40]!r}: integers must be at most 2**53 in size")
+        return v
+
     @field_validator("args")
     @classmethod
     def _args(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +195,7 @@ def validation_message(exc: ValidationError, what: str = "job spec") -> str:
     first = exc.errors()[0]
     loc, msg = first["loc"], first["msg"].removeprefix("Value error, ")
     if loc[:1] == ("args",) and len(loc) > 2:  # a union member's name is no field of the user's
-        loc, msg = loc[:2], "must be a finite number, an integer, a string or a boolean"
+        loc, msg = loc[:2], "must be a finite number, an integer of at most 2**53 in size, a string or a boolean"
     where = ".".join(str(p) for p in loc) or "spec"
     return f"{what} field '{where}': {msg}"
 

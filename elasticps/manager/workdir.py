@@ -6,6 +6,9 @@
 - ``token``: the API's bearer token, made at first start (0600).
 - ``ray-token``: the embedded Ray cluster's token (Ray's own token
   authentication), made at first start (0600).
+- ``jobs.d/NAME/``: each job's files (its checkpoints). A job name cannot
+  hold a dot, so no job's folder is ever a secret or the database; a workdir
+  of the older layout (``NAME/`` beside the secrets) is moved on start.
 """
 
 from __future__ import annotations
@@ -21,6 +24,30 @@ from elasticps.errors import ConfigError
 TOKEN_FILE = "token"
 RAY_TOKEN_FILE = "ray-token"
 LOCK_FILE = "manager.lock"
+#: The folder of the jobs' own files: job names have no dots, so it is never one of theirs.
+JOBS_DIR = "jobs.d"
+
+
+def job_dir(workdir: str | Path, name: str) -> Path:
+    """Where job ``name`` keeps its files (its checkpoints in ``checkpoints/``)."""
+    return Path(workdir) / JOBS_DIR / name
+
+
+def migrate_job_dirs(workdir: str | Path, names: list[str]) -> list[str]:
+    """Move the folders of jobs ``names`` from the older layout (``workdir/NAME``)
+    to :func:`job_dir`; the names moved. A job with a folder in both places is
+    refused (which of them holds its checkpoints is not ours to guess)."""
+    moved = []
+    for name in names:
+        old, new = Path(workdir) / name, job_dir(workdir, name)
+        if not old.is_dir() or old.is_symlink():
+            continue
+        if new.exists():
+            raise ConfigError(f"job {name!r} has files in both {old} and {new}; keep one of them and start again")
+        new.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.replace(old, new)
+        moved.append(name)
+    return moved
 
 
 class WorkdirLock:

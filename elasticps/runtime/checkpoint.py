@@ -2,7 +2,8 @@
 
 A checkpoint is one ``.npz`` file, written to a temporary name, flushed to disk
 and renamed into place, so a reader sees either the previous checkpoint or the
-new one, never a torn file. The data order and the workers' RNG are functions
+new one, never a torn file; a write that fails (a full disk) removes its
+temporary file. The data order and the workers' RNG are functions
 of ``(seed, epoch)`` and ``(seed, step)``, so ``seed``, ``step`` and the data
 position are the whole RNG state.
 """
@@ -14,6 +15,7 @@ import logging
 import os
 import re
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,11 +66,15 @@ class CheckpointStore:
         arrays.update({f"opt__{k}": v for k, v in ckpt.state.vectors.items()})
         final = self.dir / f"ckpt-{ckpt.step:010d}.npz"
         tmp = self.dir / f".tmp-{os.getpid()}-{ckpt.step}.npz"
-        with open(tmp, "wb") as f:
-            np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         dir_fd = os.open(self.dir, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -94,6 +100,18 @@ class CheckpointStore:
                 self.skipped.append(f"{path.name} is damaged ({type(exc).__name__}: {exc}); set aside as {aside.name}")
                 log.warning("checkpoint %s", self.skipped[-1])
         return None
+
+    def intact(self) -> Iterator[tuple[Path, Checkpoint]]:
+        """Every checkpoint that reads back whole, newest first, for a reader
+        that must not write (``elasticps export``): damaged files are passed
+        over, left where they are, and named in :attr:`skipped`."""
+        for path in reversed(self._all()):
+            try:
+                ckpt = self._read(path)
+            except _DAMAGED as exc:
+                self.skipped.append(f"{path.name} is damaged ({type(exc).__name__}: {exc})")
+                continue
+            yield path, ckpt
 
     def _read(self, path: Path) -> Checkpoint:
         with np.load(path, allow_pickle=False) as data:

@@ -45,7 +45,7 @@ from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyS
 from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.goodput import batch_candidates, statistical_efficiency
 from elasticps.sched.objectives import DEFAULT_EFFICIENCY_THRESHOLD, batches_for
-from elasticps.sched.policies import make_policy
+from elasticps.sched.policies import make_policy, options_for
 from elasticps.sched.speed import PRIOR_PER_JOB, fleet_prior
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
@@ -189,12 +189,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     rng = random.Random(config.seed)
     oracle = config.policy == ORACLE
     # the oracle decides with the elastic policy's code; only what it knows differs
-    policy = make_policy(
-        "elastic" if oracle else config.policy,
-        objective=config.objective,
-        rescale_cost_s=config.rescale_pause_s,
-        efficiency_threshold=config.efficiency_threshold,
-    )
+    name = "elastic" if oracle else config.policy
+    settings = {"rescale_cost_s": config.rescale_pause_s, "efficiency_threshold": config.efficiency_threshold}
+    policy = make_policy(name, objective=config.objective, **options_for(name, settings))
     state = PolicyState()
     capacity = Resources(cpu=config.node_cpu, gpu=config.node_gpu, memory_gb=config.node_memory_gb)
     tenant = {f"n{i:04d}": 0.0 for i in range(config.nodes)}

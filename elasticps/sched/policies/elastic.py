@@ -70,7 +70,6 @@ class ElasticPolicy:
         ageing_s: float = 3600.0,
         jumps: tuple[int, ...] = (1, 2, 4),
         spare_z: float = 0.25,
-        **_: object,
     ) -> None:
         self.objective = Objective.parse(objective)
         self.min_gain = min_gain

@@ -11,9 +11,6 @@ from elasticps.sched.types import ClusterView, Decision, JobView
 class GreedyPolicy:
     name = "greedy"
 
-    def __init__(self, **_: object) -> None:
-        pass
-
     def decide(
         self, jobs: list[JobView], cluster: ClusterView, state: PolicyState | None = None
     ) -> tuple[Decision, PolicyState]:

@@ -14,7 +14,7 @@ from elasticps.sched.types import ClusterView, Decision, JobView
 class OptimusPolicy:
     name = "optimus"
 
-    def __init__(self, objective: str = "goodput", **_: object) -> None:
+    def __init__(self, objective: str = "goodput") -> None:
         self.objective = Objective.parse(objective)
 
     def decide(

@@ -9,9 +9,6 @@ from elasticps.sched.types import ClusterView, Decision, JobView
 class StaticPolicy:
     name = "static"
 
-    def __init__(self, **_: object) -> None:
-        pass
-
     def decide(
         self, jobs: list[JobView], cluster: ClusterView, state: PolicyState | None = None
     ) -> tuple[Decision, PolicyState]:
