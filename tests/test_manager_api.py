@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
@@ -106,6 +109,12 @@ def test_requests_without_the_token_are_refused(server):
     url = str(client.base_url).rstrip("/") + "/jobs"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    # the schema wants the token too, and no page that loads a CDN's script is served at all
+    base = str(client.base_url).rstrip("/")
+    assert httpx.get(base + "/openapi.json").status_code == 401
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert client.get(page).status_code == 404, page
+    assert "cdn" not in client.get("/").text.lower()
 
 
 def test_the_boundary_refuses_cross_site_rebinding_and_oversized_requests(server):
@@ -383,3 +392,47 @@ def test_the_openapi_schema_types_every_request_and_answer_a_client_needs(server
     job_spec = components["JobSpec"]
     assert {"name", "program", "ps", "workers", "runtime_env"} <= set(job_spec["properties"])
     assert set(job_spec["required"]) == {"name", "program"}
+
+
+LOCKER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.readline()  # held until the test says so
+db.execute("COMMIT")
+"""
+
+
+def test_a_database_locked_by_another_process_is_a_quick_503_with_retry_after(server):
+    client, manager = server
+    locker = subprocess.Popen(
+        [sys.executable, "-c", LOCKER, str(manager.store.path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        r = client.post("/jobs", content=SPEC.format(name="while-locked"), headers=YAML)
+        waited_s = time.monotonic() - started
+        assert r.status_code == 503 and "database" in r.json()["detail"] and r.headers["Retry-After"] == "5", r.text
+        assert waited_s < 8, waited_s  # the store's busy timeout (2 s), not a hung request
+        assert client.get("/jobs").status_code == 200  # readers go on (WAL)
+    finally:
+        locker.communicate("go\n", timeout=10)
+    assert client.post("/jobs", content=SPEC.format(name="while-locked"), headers=YAML).status_code == 201
+
+
+def test_a_full_disk_is_a_503_with_retry_after(server, monkeypatch):
+    """Simulated: SQLite's own error for a full disk, raised at the store's write
+    (tests/test_server_hardening.py fills a real tmpfs under a real server)."""
+    client, manager = server
+
+    def full(*_args, **_kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(manager.store, "add_job", full)
+    r = client.post("/jobs", content=SPEC.format(name="no-room"), headers=YAML)
+    assert r.status_code == 503 and "full" in r.json()["detail"] and r.headers["Retry-After"] == "5", r.text

@@ -415,18 +415,40 @@ def _print_table(results: dict) -> None:
 def cmd_server(args: argparse.Namespace) -> int:
     import threading
 
-    from elasticps.manager.workdir import WorkdirLock, api_token, ray_token_auth
+    from elasticps.manager.workdir import (
+        WorkdirLock,
+        api_token,
+        check_token,
+        ray_token_auth,
+        secure_workdir,
+        without_token,
+    )
+    from elasticps.raycluster import LOOPBACK_ENV
 
     workdir = Path(args.workdir)
-    # Ray's own token authentication for the cluster we start: its ports listen on every
-    # interface, so without it any host that reaches them could run code (docs/security.md).
-    # Ray reads the variables once, when it is imported, so the process starts again with
-    # them set; the same PID, the same arguments.
-    if args.ray_address in (None, "", "local") and ray_token_auth(workdir):
+    secure_workdir(workdir)  # 0700, files 0600, umask 077 here and in the Ray processes we start
+    if args.ray_address in (None, "", "local"):
+        os.environ[LOOPBACK_ENV] = "0"  # the embedded cluster's ports on loopback (read when Ray is imported)
+    if args.token is not None:
+        check_token(args.token)
+        print(
+            "warning: --token can be read by every local user (ps, /proc/PID/cmdline) while it is on a command "
+            "line; the server takes it off its own now. Give it in $ELASTICPS_TOKEN or WORKDIR/token instead.",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.environ["ELASTICPS_TOKEN"] = args.token
+    elif os.environ.get("ELASTICPS_TOKEN"):
+        check_token(os.environ["ELASTICPS_TOKEN"])
+    # Ray's own token authentication for the cluster we start (docs/security.md). Ray reads
+    # the variables once, when it is imported, so the process starts again with them set:
+    # the same PID, the same arguments but --token (passed on in the environment instead).
+    if (args.ray_address in (None, "", "local") and ray_token_auth(workdir)) or args.token is not None:
         sys.stdout.flush()
-        os.execv(sys.executable, [sys.executable, "-m", "elasticps", *args.argv])
+        os.execv(sys.executable, [sys.executable, "-m", "elasticps", *without_token(args.argv)])
     lock = WorkdirLock(workdir)  # one manager per workdir: a second one stops here
-    token = args.token or os.environ.get("ELASTICPS_TOKEN") or api_token(workdir)
+    # the token stays in this process's memory: not in the environment the Ray processes and jobs inherit
+    token = os.environ.pop("ELASTICPS_TOKEN", None) or api_token(workdir)
 
     import uvicorn
 

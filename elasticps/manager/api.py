@@ -1,4 +1,4 @@
-"""The manager's REST API (FastAPI; OpenAPI at ``/docs`` and ``/openapi.json``).
+"""The manager's REST API (FastAPI; its OpenAPI schema at ``/openapi.json``, with the token).
 
 - ``POST /jobs``: submit a spec (``application/yaml`` or ``application/json``);
   400 names the bad field, 409 on a duplicate name.
@@ -7,6 +7,8 @@
   changes min/max PS and workers; ``POST /jobs/{name}/retry`` queues a failed job again.
 - ``GET /jobs/{name}/logs``, ``GET /events?job=&after=``, ``GET /metrics``.
 - ``GET /``: the dashboard (``/#token=...``); ``GET /api/overview`` its data.
+- No ``/docs`` or ``/redoc``: FastAPI's pages load their scripts from a CDN
+  into this origin, which holds the token.
 
 The security boundary (docs/security.md): every request but ``/healthz`` and
 the static dashboard page carries ``Authorization: Bearer <token>``; the
@@ -20,7 +22,9 @@ event loop. Every error is ``{"detail": "..."}`` with a 4xx status.
 
 from __future__ import annotations
 
+import errno
 import hmac
+import sqlite3
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, Literal
@@ -43,9 +47,15 @@ from elasticps.runtime import JobReport
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 BODY_TYPES = {"application/json": "json", "application/yaml": "yaml"}
+#: Seconds a client is asked to wait before trying again after a 503.
+RETRY_AFTER_S = 5
+#: Errors of the disk under the workdir: the request may succeed later, once an operator acts.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 415)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 415, 503)
+}
 
 
 #: Request bodies, read by hand (YAML or JSON), declared in the schema.
@@ -141,7 +151,7 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
     """The API. ``allowed_hosts``: names the ``Host`` header may carry (``"*"`` for any)."""
     if not token:
         raise ConfigError("the API needs a token")
-    app = FastAPI(title="elasticps manager", version="0.2.0")
+    app = FastAPI(title="elasticps manager", version="0.2.0", docs_url=None, redoc_url=None, openapi_url=None)
     _with_body_models(app)
     any_host = "*" in allowed_hosts
 
@@ -164,6 +174,20 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         return JSONResponse({"detail": f"field '{where}': {first['msg']}"}, status_code=400)
+
+    def unavailable(detail: str) -> JSONResponse:
+        return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+    @app.exception_handler(sqlite3.OperationalError)
+    async def database_unavailable(request: Request, exc: sqlite3.OperationalError) -> JSONResponse:
+        # "database is locked" (another process holds it), "database or disk is full", "disk I/O error"
+        return unavailable(f"the manager's database cannot be written now ({exc}); try again")
+
+    @app.exception_handler(OSError)
+    async def disk_unavailable(request: Request, exc: OSError) -> JSONResponse:
+        if exc.errno not in DISK_ERRNOS:
+            raise exc
+        return unavailable(f"the manager's disk cannot be written now ({exc.strerror}); try again")
 
     def auth(request: Request) -> None:
         given = request.headers.get("authorization", "")
@@ -247,6 +271,11 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
     def metrics() -> Response:
         """Prometheus exposition (prometheus_client): jobs, tasks, samples, rescales, CPUs, decision time."""
         return Response(manager.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/openapi.json", dependencies=deps, include_in_schema=False)
+    def openapi() -> dict[str, Any]:
+        """The schema, for clients and code generators (no documentation pages: see the module's notes)."""
+        return app.openapi()
 
     @app.get("/healthz")
     def healthz() -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -74,6 +75,9 @@ ADDED_COLUMNS = {
 }
 
 STATES = tuple(s.value for s in JobState)
+#: How long a write waits for another process's lock on the database before it
+#: fails (the API then answers 503 with Retry-After, not a request hung for long).
+BUSY_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))  # the owner's alone (-wal and -shm follow it)
+        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")

@@ -1,5 +1,11 @@
 """The manager's working directory: one manager at a time, and its secrets.
 
+The directory is its owner's alone: 0700, and every file in it 0600 (the
+database holds specs, whose ``runtime_env.env_vars`` are where users put
+secrets). :func:`secure_workdir` sets the server's umask to 077 (the Ray
+processes it starts inherit it, so checkpoints are 0600 too) and tightens
+what a start finds there.
+
 - ``manager.lock``: an exclusive ``flock`` held while a manager runs; a
   second manager on the same directory refuses to start (two managers would
   both drive the same jobs and checkpoint directories).
@@ -24,6 +30,8 @@ from elasticps.errors import ConfigError
 TOKEN_FILE = "token"
 RAY_TOKEN_FILE = "ray-token"
 LOCK_FILE = "manager.lock"
+#: The shortest API token a server accepts from --token or $ELASTICPS_TOKEN (the one it makes has 64).
+MIN_TOKEN_CHARS = 32
 #: The folder of the jobs' own files: job names have no dots, so it is never one of theirs.
 JOBS_DIR = "jobs.d"
 
@@ -50,13 +58,60 @@ def migrate_job_dirs(workdir: str | Path, names: list[str]) -> list[str]:
     return moved
 
 
+def secure_workdir(workdir: str | Path) -> None:
+    """umask 077 for this process and its children; ``workdir`` made (0700) if
+    missing, and what is in it made its owner's alone (folders 0700, files 0600).
+    A workdir that cannot be written is a :class:`ConfigError` naming it."""
+    os.umask(0o077)
+    path = Path(workdir)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for root, _dirs, files in os.walk(path):
+            os.chmod(root, 0o700)
+            for name in files:
+                file = Path(root) / name
+                if not file.is_symlink():
+                    os.chmod(file, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot use {path.resolve()} as the workdir: {exc.strerror or exc}") from None
+
+
+def check_token(token: str) -> str:
+    """``token`` if long enough to be a secret, else a :class:`ConfigError`."""
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"the API token must be at least {MIN_TOKEN_CHARS} characters (got {len(token)}); "
+            "leave it out and the server makes one in WORKDIR/token"
+        )
+    return token
+
+
+def without_token(argv: list[str]) -> list[str]:
+    """``argv`` without ``--token VALUE`` / ``--token=VALUE`` (or an abbreviation
+    argparse takes for it, such as ``--tok``): what the server starts itself
+    again with, so the token is not on its command line for other users to read."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        flag = arg.split("=", 1)[0]
+        if len(flag) > 2 and "--token".startswith(flag):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
 class WorkdirLock:
     """Holds ``workdir/manager.lock`` until :meth:`release` (or the process ends)."""
 
     def __init__(self, workdir: str | Path) -> None:
         self.path = Path(workdir) / LOCK_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = open(self.path, "a+")  # noqa: SIM115 (held for the manager's life)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        self._file: IO[str] | None = os.fdopen(fd, "a+")  # held for the manager's life
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -46,7 +46,7 @@ class CheckpointStore:
 
     def __init__(self, directory: str | os.PathLike[str], keep: int = 2) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.keep = max(1, keep)
         self.skipped: list[str] = []  # damaged checkpoints that latest() passed over
 
@@ -67,7 +67,7 @@ class CheckpointStore:
         final = self.dir / f"ckpt-{ckpt.step:010d}.npz"
         tmp = self.dir / f".tmp-{os.getpid()}-{ckpt.step}.npz"
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
                 np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
                 f.flush()
                 os.fsync(f.fileno())
