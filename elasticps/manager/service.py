@@ -41,6 +41,7 @@ from typing import Any, Protocol
 
 from elasticps.errors import ElasticPSError, JobEndedError, ProgramError
 from elasticps.manager.capacity import capacity_change, capacity_signature
+from elasticps.manager.isolation import FIGURE_ERRORS, decide_isolated, window_problem
 from elasticps.manager.metrics import ManagerMetrics
 from elasticps.manager.priors import FleetPriors, kind_of, read_observations
 from elasticps.manager.rescale_costs import RescaleCosts
@@ -278,20 +279,42 @@ class Manager:
             active = self.store.list_jobs(ACTIVE)
             records = [r for r in active if r.name in self.live or self._may_start(r.name, now)]
             observed: dict[str, list[Observation]] = {}  # this round's reads: each job's read once
-            priors = self.priors.models([(r, self._observations(r.name, observed)) for r in active])
+            try:
+                priors = self.priors.models([(r, self._observations(r.name, observed)) for r in active])
+            except FIGURE_ERRORS as exc:  # no fleet prior this round; each job's own view is judged below
+                log.warning("fleet priors: %s", exc)
+                priors = {}
             cluster = self.capacity.view(self._ours())
             room = [n.available for n in cluster.nodes]
-            views = [v for v in (self._view(r, now, priors, observed, room) for r in records) if v is not None]
+            views = []
+            for r in records:  # one job's figures that break its view fail that job, not the round
+                try:
+                    view = self._view(r, now, priors, observed, room)
+                except FIGURE_ERRORS as exc:
+                    self._fail_on_figures(r.name, now, f"{type(exc).__name__}: {exc}")
+                    continue
+                if view is not None:
+                    views.append(view)
             self._note_unfit(views, cluster, now)
             started = time.perf_counter()
-            decision, self.state = self.policy.decide(views, cluster, self.state)
-            self.decisions.append((now, dict(decision)))
             current = {n: live.asked_placement for n, live in self.live.items()}
-            placed = place(views, decision, cluster, current, self.placement_method)
+            state = self.state
+
+            def decide(of: list[JobView]) -> tuple:
+                decision, new_state = self.policy.decide(of, cluster, state)
+                placed = place(of, decision, cluster, current, self.placement_method)
+                # a running job whose new shape did not fit on the nodes keeps its old one
+                return decision, new_state, placed, batches_for(of, placed.shapes, self.objective)
+
+            (decision, self.state, placed, batches), views, culprits = decide_isolated(decide, views)
+            for name, why in culprits.items():
+                self._fail_on_figures(name, now, why)
+            self.decisions.append((now, dict(decision)))
             self.metrics.decision_seconds.observe(time.perf_counter() - started)
-            shapes = placed.shapes  # a running job whose new shape did not fit on the nodes keeps its old one
-            batches = batches_for(views, shapes, self.objective)
+            shapes = placed.shapes
             for rec in records:
+                if rec.name in culprits:
+                    continue
                 shape, placement = shapes.get(rec.name), placed.placement.get(rec.name)
                 if shape is not None and placement is not None:
                     self._apply(rec, shape, placement, now, cluster)
@@ -485,6 +508,11 @@ class Manager:
                 news = True
                 continue
             live.status = st
+            bad = next((p for p in map(window_problem, st.windows) if p), None)
+            if bad is not None:
+                self._retire(name, live, JobState.FAILED, now, f"job failed: {bad}")
+                news = True
+                continue
             for w in st.windows:
                 if w.last_step > live.last_step:
                     self.store.record_observation(
@@ -539,6 +567,16 @@ class Manager:
         self._not_before[name] = now + wait_s
         again = f"it starts again from its latest checkpoint in {wait_s:g} s ({failures}/{MAX_FAILURES})"
         self.store.add_event(now, name, "error", f"job stopped: {why}; {again}")
+
+    def _fail_on_figures(self, name: str, now: float, why: str) -> None:
+        """Fail a job whose figures the scheduler cannot work with (the round goes on without it)."""
+        log.warning("job %s: its figures broke the scheduler: %s", name, why)
+        message = f"job failed: its figures broke the scheduler ({why})"
+        live = self.live.get(name)
+        if live is not None:
+            self._retire(name, live, JobState.FAILED, now, message)
+        else:
+            self._finish_state(name, JobState.FAILED, now, message)
 
     def _count_failure(self, name: str) -> int:
         """One more failure of ``name`` (to start, or while running) since its last progress; how many now."""
