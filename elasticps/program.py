@@ -14,6 +14,7 @@ returns the *mean* over the samples it is given.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -197,19 +198,30 @@ def _materialize(obj: Any, what: str) -> Any:
     return data
 
 
+def check_program_ref(ref: str) -> tuple[str, str]:
+    """``(module, attr)`` of ``"package.module:attr"``; a ProgramError unless every
+    part is a public name (a name starting with ``_`` is no program factory)."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ProgramError(f"program reference {ref!r} must look like 'package.module:attr'")
+    if any(part.startswith("_") for part in [*module_name.split("."), attr]):
+        raise ProgramError(f"program reference {ref!r} names a private part (starting with '_'): name a factory")
+    return module_name, attr
+
+
 def load_program(ref: str | TrainingProgram, args: Mapping[str, Any] | None = None) -> TrainingProgram:
     """Resolve ``"package.module:attr"`` to a program.
 
-    ``attr`` may be a :class:`TrainingProgram` or a callable returning one,
-    called with the keyword arguments ``args`` (none by default).
+    ``attr`` may be a :class:`TrainingProgram` or a function returning one,
+    called with the keyword arguments ``args`` (none by default); anything
+    else (a class, a builtin, a private name) is refused before it is called,
+    and the factory's result is checked before anything uses it.
     """
     if isinstance(ref, TrainingProgram):
         if args:
             raise ProgramError("arguments were given for a program that is not a factory")
         return ref
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise ProgramError(f"program reference {ref!r} must look like 'package.module:attr'")
+    module_name, attr = check_program_ref(ref)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -218,7 +230,9 @@ def load_program(ref: str | TrainingProgram, args: Mapping[str, Any] | None = No
         obj = getattr(module, attr)
     except AttributeError as exc:
         raise ProgramError(f"module {module_name!r} has no attribute {attr!r}") from exc
-    if callable(obj) and not isinstance(obj, TrainingProgram):
+    if not (isinstance(obj, TrainingProgram) or inspect.isfunction(obj)):
+        raise ProgramError(f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram or a function returning one")
+    if inspect.isfunction(obj):
         try:
             obj = obj(**(args or {}))
         except TypeError as exc:

@@ -250,6 +250,30 @@ def test_allow_list_of_program_modules(tmp_path):
     with pytest.raises(ProgramError, match="not allowed"):
         manager.submit(parse_spec("name: evil\nprogram: elasticps.examplesx:program\n"))
     assert [r.name for r in manager.store.list_jobs()] == ["ok"]
+    with pytest.raises(ProgramError, match="names a private part"):  # a helper of an allowed module
+        manager.submit(parse_spec("name: evil\nprogram: elasticps.examples.digits:_split\n"))
+
+
+def test_a_narrower_allow_list_after_a_restart_fails_stored_jobs_at_their_next_start(tmp_path):
+    store = Store(tmp_path / "m.db")
+    before = Manager(store, tmp_path / "work", runtime=FakeRuntime(), capacity=FakeCapacity())
+    submit(before, "ran")
+    before.step()
+    submit(before, "waits", cpu=1000.0)  # no room: never started
+    assert before.store.get_job("ran").state == JobState.RUNNING
+    before.shutdown()
+    # the operator restarts the manager allowing another package only
+    runtime = FakeRuntime()
+    after = Manager(store, tmp_path / "work", runtime=runtime, capacity=FakeCapacity(), allow_programs=("team.jobs",))
+    after.step()
+    for name in ("ran", "waits"):
+        assert after.store.get_job(name).state == JobState.FAILED
+        why = after.store.events(name)[-1][4]
+        assert "not started again" in why and "is not allowed" in why and "team.jobs" in why, why
+    assert runtime.jobs == {}  # nothing of theirs started
+    after.retry("ran")  # a retry is a start too
+    after.step()
+    assert after.store.get_job("ran").state == JobState.FAILED and runtime.jobs == {}
 
 
 def test_commands_race_the_loop(env):

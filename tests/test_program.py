@@ -67,7 +67,11 @@ def test_load_program_from_a_module_path():
         ("no_colon", "must look like 'package.module:attr'"),
         ("no.such.module:x", "cannot import module 'no.such.module'"),
         ("elasticps.examples.digits:nope", "has no attribute 'nope'"),
-        ("elasticps.examples.digits:_SPLIT_SEED", "is a int, not a TrainingProgram"),
+        ("elasticps.examples.digits:_split", "names a private part"),  # a callable, refused before it is called
+        ("elasticps._lazy:attr", "names a private part"),
+        ("elasticps.examples.digits:TensorDataset", "is a type, not a TrainingProgram or a function"),
+        ("os:system", "is a builtin_function_or_method, not a TrainingProgram or a function"),
+        ("elasticps.examples.digits:mlp", "is a Sequential, not a TrainingProgram"),  # checked before any use
     ],
 )
 def test_load_program_errors(ref, message):
@@ -81,4 +85,4 @@ def test_load_program_passes_arguments_to_a_factory():
     with pytest.raises(ProgramError, match="cannot call .* with arguments"):
         load_program("elasticps.examples.digits:cnn_program", {"epoch": 7})
     with pytest.raises(ProgramError, match="is not a factory"):
-        load_program("elasticps.examples.digits:_SPLIT_SEED", {"epochs": 7})
+        load_program(digits.program(), {"epochs": 7})

@@ -65,7 +65,7 @@ def test_a_program_shipped_in_a_working_dir_runs_on_a_multi_node_cluster(ray_clu
     code.mkdir()
     (code / f"shipped_job_{tag}.py").write_text(PROGRAM)
     assert importlib.util.find_spec(f"shipped_job_{tag}") is None
-    manager = Manager(Store(tmp_path / "m.db"), tmp_path / "work", report_interval_s=0.5)
+    manager = Manager(Store(tmp_path / "m.db"), tmp_path / "work", report_interval_s=0.5, ship_roots=(tmp_path,))
     try:
         with pytest.raises(ProgramError, match="cannot import module"):  # without the code: refused at submit
             manager.submit(parse_spec(SPEC.format(name="plain", tag=tag)))

@@ -412,6 +412,17 @@ def _print_table(results: dict) -> None:
         print(f"{name:10s} " + " ".join(f"{r.metrics.get(c, float('nan')):16.4g}" for c in cols))
 
 
+def _ship_roots(text: str | None) -> tuple[str, ...] | None:
+    """``--ship-roots``: absolute directories (None: the default, the user's home)."""
+    if text is None:
+        return None
+    roots = tuple(r.strip() for r in text.split(",") if r.strip())
+    bad = [r for r in roots if not Path(r).is_absolute() or not Path(r).is_dir()]
+    if bad or not roots:
+        raise SystemExit(f"error: --ship-roots takes existing absolute directories, got {text!r}")
+    return roots
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     import threading
 
@@ -464,7 +475,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
         Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options,
-        allow_programs=allow,
+        allow_programs=allow, ship_roots=_ship_roots(args.ship_roots),
     )  # fmt: skip
     if args.kuberay:
         from elasticps.k8s.deploy import kuberay_growth
@@ -802,6 +813,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-programs",
         metavar="MODULES",
         help="comma-separated modules whose programs may run (and their submodules); default: any importable one",
+    )
+    server.add_argument(
+        "--ship-roots",
+        metavar="DIRS",
+        help="comma-separated directories a job's runtime_env may ship code from (never the workdir); "
+        "default: your home directory",
     )
     server.add_argument(
         "--allow-host",

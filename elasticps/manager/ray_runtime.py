@@ -4,8 +4,10 @@ its own, on the manager's node (its checkpoints go to the manager's workdir).
 The job's program, a user's code, is imported and its factory called only in
 that actor's process (and the describe task's), never in the manager: a
 program that raises, hangs or misbehaves cannot take the API or the control
-loop with it. The actors are owned by the manager's driver, so they end with
-it; a restarted manager starts them again from their checkpoints.
+loop with it. What those processes answer is read as plain JSON bytes and
+checked (:mod:`elasticps.manager.wire`); nothing of theirs is unpickled here.
+The actors are owned by the manager's driver, so they end with it; a
+restarted manager starts them again from their checkpoints.
 """
 
 from __future__ import annotations
@@ -13,16 +15,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import statistics
-from pathlib import Path
 from typing import Any
 
 import ray
+from ray._private import ray_constants
+from ray.core.generated.common_pb2 import ErrorType
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from elasticps.errors import ConfigError, ElasticPSError, JobFailedError, ProgramError
+from elasticps.errors import ElasticPSError, JobFailedError, ProgramError
 from elasticps.manager.capacity import ray_cluster_view, ray_hostnames
 from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec
+from elasticps.manager.wire import NotPlainData, answer, decode, error_record, parse, with_trace
 from elasticps.runtime import JobController, JobReport
 from elasticps.sched import ClusterView, Resources
 
@@ -44,10 +48,6 @@ def shipped(runtime_env: dict[str, Any]) -> dict[str, Any]:
     from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
     from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
 
-    for key in ("working_dir", "py_modules"):
-        for path in [runtime_env.get(key)] if key == "working_dir" else runtime_env.get(key, []):
-            if path and "://" not in path and not Path(path).exists():
-                raise ProgramError(f"runtime_env {key} {path!r} does not exist on the manager's machine")
     scratch = ray._private.worker.global_worker.node.get_runtime_env_dir_path()
     env = upload_py_modules_if_needed(dict(runtime_env), include_gitignore=True, scratch_dir=scratch, logger=log)
     return upload_working_dir_if_needed(env, include_gitignore=True, scratch_dir=scratch, logger=log)
@@ -58,26 +58,41 @@ def _here() -> NodeAffinitySchedulingStrategy:
 
 
 @ray.remote(num_cpus=0)
-def _describe(program: str, args: dict) -> ProgramInfo:
-    from elasticps.program import load_program
+def _describe(program: str, args: dict) -> bytes:
+    from elasticps.manager.describe import describe_program
 
-    p = load_program(program, args)
-    return ProgramInfo(p.name, p.batch_size, p.epochs, len(p.build_dataset()), p.max_batch_size)
+    return answer(lambda: describe_program(program, args), "the program's description")
 
 
 @ray.remote(num_cpus=0, max_concurrency=8, max_restarts=0)
 class JobDriver:
-    """One job's controller, in a process of its own."""
+    """One job's controller, in a process of its own. Every method answers
+    plain JSON bytes (:func:`elasticps.manager.wire.answer`), errors included;
+    a controller that could not be made is a failed job, not a dead actor
+    (whose creation error Ray would hand to the manager as a pickle)."""
 
     def __init__(self, launch: Launch) -> None:
         from elasticps.program import load_program
 
-        self.controller = JobController(
-            load_program(launch.program, launch.args), launch.config, *launch.shape, placement=launch.placement
-        )
-        self.thread = self.controller.run_in_thread()
+        self.controller: JobController | None = None
+        self.failure: dict[str, str] | None = None
+        try:
+            self.controller = JobController(
+                load_program(launch.program, launch.args), launch.config, *launch.shape, placement=launch.placement
+            )
+            self.thread = self.controller.run_in_thread()
+        except BaseException as exc:
+            self.failure = error_record(exc)
 
-    def poll(self, after_step: int, after_event: int, after_rescale: int = 0) -> JobStatus:
+    def poll(self, after_step: int, after_event: int, after_rescale: int = 0) -> bytes:
+        return answer(lambda: self._poll(after_step, after_event, after_rescale), "the job's status")
+
+    def _poll(self, after_step: int, after_event: int, after_rescale: int) -> JobStatus:
+        if self.controller is None:
+            assert self.failure is not None
+            why = f"the job's driver could not start: {self.failure['type']}: {self.failure['message']}"
+            return JobStatus(state="failed", ended=True, step=0, epoch=0, num_ps=0, num_workers=0, placement={},
+                             held={}, error=why)  # fmt: skip
         c = self.controller
         r = c.report()
         new_events = r.events_total - after_event
@@ -105,47 +120,81 @@ class JobDriver:
             noise_scale=statistics.median(noise[-3:]) if noise else None,  # one epoch's estimate is noisy
         )
 
-    def report(self) -> JobReport:
-        return self.controller.report()
+    def _live(self) -> JobController:
+        if self.controller is None:
+            raise JobFailedError("the job's driver could not start")
+        return self.controller
 
-    def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
-        self.controller.rescale(num_ps, num_workers, placement=placement)
+    def report(self) -> bytes:
+        return answer(lambda: self._live().report(), "the job's report")
 
-    def set_batch_size(self, batch: int) -> None:
-        self.controller.set_batch_size(batch)
+    def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> bytes:
+        return answer(lambda: _none(self._live().rescale(num_ps, num_workers, placement=placement)))
 
-    def stop(self) -> None:
-        self.controller.stop()
+    def set_batch_size(self, batch: int) -> bytes:
+        return answer(lambda: _none(self._live().set_batch_size(batch)))
 
-    def shutdown(self) -> None:
-        self.controller.stop()
-        self.thread.join(timeout=CALL_TIMEOUT_S)
-        self.controller.shutdown()
+    def stop(self) -> bytes:
+        return answer(lambda: _none(self.controller is not None and self.controller.stop()))
+
+    def shutdown(self) -> bytes:
+        def close() -> None:
+            if self.controller is not None:
+                self.controller.stop()
+                self.thread.join(timeout=CALL_TIMEOUT_S)
+                self.controller.shutdown()
+
+        return answer(close)
 
 
-def _cause(exc: BaseException) -> BaseException:
-    """The user-facing error inside a Ray error (an elasticps error raised remotely, if any)."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, BaseException) else exc
+def _none(_result: object) -> None:
+    """What a command answers: nothing (its effect shows in the next poll)."""
+    return None
 
 
-def _call(ref: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+#: Ray's own failures (a process or node gone), told apart from everything else.
+_GONE = frozenset({"ACTOR_DIED", "WORKER_DIED", "NODE_DIED", "OWNER_DIED", "LOCAL_RAYLET_DIED", "OBJECT_LOST"})
+
+
+def _fetch(ref: Any, what: str, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+    """The answer of a job-side call, read as raw bytes: Ray's ``get`` would
+    unpickle whatever the job's process stored, and a pickle runs code.
+
+    A JSON answer (raw bytes) is parsed by :func:`elasticps.manager.wire.parse`.
+    Ray's own errors (a process gone, a runtime_env that failed) are protobuf
+    records, read for their message; anything else (a pickled value or
+    exception) is refused unread. Raises GetTimeoutError after ``timeout_s``."""
+    worker = ray._private.worker.global_worker
+    worker.check_connected()
+    ((data, metadata, *_),) = worker.core_worker.get_objects([ref], int(timeout_s * 1000))
+    kind = (metadata or b"").split(b",")
+    if kind[0] == ray_constants.OBJECT_METADATA_TYPE_RAW:
+        return parse(data.to_pybytes() if data is not None else b"", what)
+    if not kind[0].isdigit():
+        raise NotPlainData(f"{what} came back as a Python object, which the manager does not read")
+    name = ErrorType.Name(int(kind[0])) if int(kind[0]) in ErrorType.values() else kind[0].decode()
+    if name == "TASK_EXECUTION_EXCEPTION":  # a pickled exception: something got past answer()
+        raise NotPlainData(f"{what} came back as a Python exception, which the manager does not read (see Ray's logs)")
+    text = _ray_error_text(worker, data, kind)
+    if name in _GONE:
+        raise JobFailedError(f"the job's driver process is gone ({name}{': ' + text if text else ''})")
+    if name == "RUNTIME_ENV_SETUP_FAILED":
+        raise ProgramError(f"the job's runtime_env could not be set up: {text}")
+    raise JobFailedError(f"{what}: Ray error {name}{': ' + text if text else ''}")
+
+
+def _ray_error_text(worker: Any, data: Any, kind: list[bytes]) -> str:
+    """The message of one of Ray's error records (msgpack around protobuf; no pickle in it)."""
+    if not data:
+        return ""
     try:
-        return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.RayTaskError as exc:
-        cause = _cause(exc)
-        if isinstance(cause, ElasticPSError):
-            raise cause from None
-        raise JobFailedError(f"{type(cause).__name__}: {cause}") from exc
-    except ray.exceptions.RayActorError as exc:
-        raise JobFailedError(f"the job's driver process is gone: {_first_line(exc)}") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    """The innermost error line of a Ray error's message (its traceback is in the logs)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "Error:" in ln and not ln.startswith("File ")]
-    return (errors[-1] if errors else lines[0] if lines else type(exc).__name__)[:500]
+        info = worker.get_serialization_context()._deserialize_error_info(data, kind)
+    except Exception:
+        return ""
+    text = info.error_message
+    if info.HasField("runtime_env_setup_failed_error"):
+        text = info.runtime_env_setup_failed_error.error_message or text
+    return text.strip()[:500]
 
 
 class RayJobHandle:
@@ -154,27 +203,28 @@ class RayJobHandle:
         self._closed = False
 
     def poll(self, after_step: int, after_event: int, after_rescale: int = 0) -> JobStatus:
-        return _call(self.actor.poll.remote(after_step, after_event, after_rescale))
+        data = _fetch(self.actor.poll.remote(after_step, after_event, after_rescale), "the job's status")
+        return decode(JobStatus, data, "status")
 
     def report(self) -> JobReport:
-        return _call(self.actor.report.remote())
+        return decode(JobReport, _fetch(self.actor.report.remote(), "the job's report"), "report")
 
     def rescale(self, num_ps: int, num_workers: int, placement: dict[str, str]) -> None:
-        _call(self.actor.rescale.remote(num_ps, num_workers, placement))
+        _fetch(self.actor.rescale.remote(num_ps, num_workers, placement), "a rescale")
 
     def set_batch_size(self, batch: int) -> None:
-        _call(self.actor.set_batch_size.remote(batch))
+        _fetch(self.actor.set_batch_size.remote(batch), "a batch change")
 
     def stop(self) -> None:
         with contextlib.suppress(ElasticPSError, ray.exceptions.GetTimeoutError):
-            _call(self.actor.stop.remote(), timeout_s=10)
+            _fetch(self.actor.stop.remote(), "a stop", timeout_s=10)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            _call(self.actor.shutdown.remote(), timeout_s=2 * CALL_TIMEOUT_S)
+            _fetch(self.actor.shutdown.remote(), "a shutdown", timeout_s=2 * CALL_TIMEOUT_S)
         except (ElasticPSError, ray.exceptions.GetTimeoutError) as exc:
             log.warning("closing a job's driver: %s", exc)
         ray.kill(self.actor, no_restart=True)
@@ -187,12 +237,13 @@ class RayJobRuntime:
         env = {"runtime_env": shipped(spec.runtime_env.to_ray())} if spec.runtime_env else {}
         ref = _describe.options(scheduling_strategy=_here(), **env).remote(spec.program, dict(spec.args))
         try:
-            return _call(ref, timeout_s=DESCRIBE_TIMEOUT_S)
+            data = _fetch(ref, "the program's description", DESCRIBE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
             raise ProgramError(f"resolving {spec.program!r} took longer than {DESCRIBE_TIMEOUT_S:g} s") from None
-        except (JobFailedError, ConfigError) as exc:
-            raise ProgramError(str(exc)) from exc
+        except ElasticPSError as exc:  # the user's own error type, or the task's process lost
+            raise ProgramError(with_trace(exc)) from None
+        return decode(ProgramInfo, data, "the program's description")
 
     def start(self, launch: Launch) -> RayJobHandle:
         # the job's PS and workers, started by the driver, inherit its runtime_env

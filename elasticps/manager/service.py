@@ -39,18 +39,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from elasticps.errors import ElasticPSError, JobEndedError, ProgramError
+from elasticps.errors import ConfigError, ElasticPSError, JobEndedError, ProgramError
 from elasticps.manager.capacity import capacity_change, capacity_signature
 from elasticps.manager.isolation import FIGURE_ERRORS, decide_isolated, window_problem
 from elasticps.manager.metrics import ManagerMetrics
 from elasticps.manager.priors import FleetPriors, kind_of, read_observations
 from elasticps.manager.rescale_costs import RescaleCosts
 from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, JobStatus, Launch, ProgramInfo
+from elasticps.manager.shipping import ShipPolicy
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
 from elasticps.manager.store import JobRecord, Retention, Store
 from elasticps.manager.workdir import job_dir, migrate_job_dirs
 from elasticps.placement import place, spans_on
+from elasticps.program import check_program_ref
 from elasticps.runtime import JobConfig, JobReport, TaskResources
 from elasticps.sched import ClusterView, JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
 from elasticps.sched.fit import fit_problem
@@ -138,6 +140,7 @@ class Manager:
         allow_programs: tuple[str, ...] | None = None,
         retention: Retention | None = None,
         max_ended_reports: int = 200,
+        ship_roots: tuple[str | Path, ...] | None = None,
     ) -> None:
         if runtime is None or capacity is None:
             from elasticps.manager.ray_runtime import RayCapacity, RayJobRuntime
@@ -157,6 +160,7 @@ class Manager:
         self.clock = clock
         self.report_interval_s = report_interval_s
         self.allow_programs = allow_programs
+        self.shipping = ShipPolicy.of(ship_roots, workdir)  # the local paths a runtime_env may ship
         self.retention = retention or Retention()
         self.state = PolicyState()
         self.growth = growth
@@ -170,6 +174,7 @@ class Manager:
         self._failures: dict[str, int] = {}  # failures in a row with no progress, per job
         self._not_before: dict[str, float] = {}  # a job that failed starts again from then on
         self._unfit: dict[str, str] = {}  # the "cannot fit" message last stored per job
+        self._admitted: set[str] = set()  # jobs whose code this manager checked it may run (see admissible)
         self._rounds = 0
         # the latest rounds' decisions: (time, {job: (ps, workers)}), for reports and tests
         self.decisions: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=1000)
@@ -180,12 +185,7 @@ class Manager:
     # -- commands (from the API's threads)
     def submit(self, spec: JobSpec) -> JobRecord:
         """Store a new job; its program is resolved first, outside this process."""
-        check_allowed(spec.program, self.allow_programs)
-        if spec.runtime_env is not None and self.allow_programs is not None:
-            raise ProgramError(
-                "runtime_env is refused: this manager runs installed programs only (--allow-programs), "
-                "and shipped code could replace them"
-            )
+        self.admissible(spec)
         info = self.runtime.describe(spec)
         with self._lock:
             rec = self.store.add_job(spec, self.clock(), info)
@@ -266,6 +266,19 @@ class Manager:
             live.handle.stop()
         for _, live in closing:
             live.handle.close()
+
+    def admissible(self, spec: JobSpec) -> None:
+        """A ProgramError or ConfigError unless this manager may run ``spec``'s
+        code now: checked at submit and again before every start (a restart, a
+        retry), since the operator may have narrowed what is allowed meanwhile."""
+        check_program_ref(spec.program)
+        check_allowed(spec.program, self.allow_programs)
+        if spec.runtime_env is not None and self.allow_programs is not None:
+            raise ProgramError(
+                "runtime_env is refused: this manager runs installed programs only (--allow-programs), "
+                "and shipped code could replace them"
+            )
+        self.shipping.check(spec.runtime_env)
 
     # -- the loop
     def step(self) -> dict[str, tuple[int, int]]:
@@ -445,6 +458,8 @@ class Manager:
         """Start the job, or ask it for its new shape; the event says how much
         room the round saw for our jobs (what the decision was made on)."""
         live = self.live.get(rec.name)
+        if live is None and not self._still_admissible(rec, now):
+            return
         try:
             if live is None:
                 self._start(rec, shape, placement, now)
@@ -469,6 +484,15 @@ class Manager:
                 failures = self._count_failure(rec.name)
                 if failures >= MAX_FAILURES:
                     self._finish_state(rec.name, JobState.FAILED, now, f"job failed: {failures} starts failed: {exc}")
+
+    def _still_admissible(self, rec: JobRecord, now: float) -> bool:
+        """False (and the job failed, saying why) if this manager may no longer run the job's code."""
+        try:
+            self.admissible(rec.spec)
+        except (ProgramError, ConfigError) as exc:
+            self._finish_state(rec.name, JobState.FAILED, now, f"job failed: not started again: {exc}")
+            return False
+        return True
 
     def _start(self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float) -> None:
         spec = rec.spec
@@ -503,6 +527,10 @@ class Manager:
         for name, live in list(self.live.items()):
             try:
                 st = live.handle.poll(live.last_step, live.events_seen, live.rescales_seen)
+            except ProgramError as exc:  # its answer was not plain data: the program's doing, not bad luck
+                self._retire(name, live, JobState.FAILED, now, f"job failed: {exc}")
+                news = True
+                continue
             except ElasticPSError as exc:  # the job's driver is gone: nothing of it runs any more
                 self._stopped_by_failure(name, live, now, str(exc))
                 news = True
@@ -672,11 +700,15 @@ class Manager:
     ) -> JobView | None:
         """What the policy knows of a job; its speeds are predicted for the
         nodes each shape would span on the ``room`` the nodes have for our jobs."""
+        live = self.live.get(rec.name)
+        if live is None and rec.name not in self._admitted:  # once per job here; again before each start
+            if not self._still_admissible(rec, now):
+                return None
+            self._admitted.add(rec.name)
         info = self._info(rec, now)
         if info is None:
             return None
         spec = rec.spec
-        live = self.live.get(rec.name)
         share = live.compute_share if live is not None else None
         ps_res, worker_res = _resources(spec.ps), _resources(spec.workers)
         span = spans_on(ps_res, worker_res, room)

@@ -1,0 +1,66 @@
+"""What a submit learns of a program, found in a process of the job's own.
+
+Runs on the job's side (a Ray task with the job's ``runtime_env``), never in
+the manager: it imports the user's module and calls the factory, then tries
+the program on one sample (build the model, one forward and backward pass,
+the loss and the metric), so a program that cannot train is refused at submit
+with its own error, instead of being accepted and failing once it has a
+cluster. One sample keeps it cheap; the caller bounds its time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from elasticps.errors import ProgramError
+from elasticps.manager.wire import plain
+from elasticps.program import TrainingProgram, load_program
+from elasticps.runtime.data import fetch_batch, forward
+
+
+def describe_program(program: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The program's :class:`ProgramInfo` fields, as plain data, once it has trained on one sample."""
+    p = load_program(program, args)
+    # the program's own figures cross to the manager: they must be built-in values, not look-alikes
+    info = plain(
+        {"name": p.name, "batch_size": p.batch_size, "epochs": p.epochs, "max_batch_size": p.max_batch_size},
+        "program",
+    )
+    dataset = p.build_dataset()
+    info["samples_per_epoch"] = len(dataset)
+    try:
+        try_one_sample(p, dataset)
+    except ProgramError:
+        raise
+    except Exception as exc:  # the user's code raised: their error, named (its traceback comes along)
+        raise ProgramError(f"{p.name}: training on one sample failed: {type(exc).__name__}: {exc}") from exc
+    return info
+
+
+def try_one_sample(p: TrainingProgram, dataset: Any) -> None:
+    """Build the model, run one forward and backward pass on the dataset's first
+    sample, make the optimizer, and compute the metric on one held-out sample.
+    Raises what the program raises, or a ProgramError naming what is wrong."""
+    model = p.build_model()
+    model.train()
+    x, y = fetch_batch(dataset, np.arange(1))
+    loss = p.loss(forward(model, x), y)
+    if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+        raise ProgramError(f"loss must return a one-element tensor (the mean loss), got {_what(loss)}")
+    loss.backward()
+    p.make_optimizer([param for param in model.parameters() if param.requires_grad])
+    if p.metric is not None:
+        eval_data = p.build_eval_dataset()
+        x, y = fetch_batch(eval_data, np.arange(1))
+        with torch.no_grad():
+            model.eval()
+            float(p.metric(forward(model, x), y))
+
+
+def _what(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
