@@ -11,8 +11,11 @@ import textwrap
 import time
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
+from elasticps.cli.main import main
+from elasticps.examples import digits
 from elasticps.manager import Store, parse_spec
 from elasticps.manager.api import create_app
 from elasticps.manager.service import Manager
@@ -30,6 +33,7 @@ HOSTILE = textwrap.dedent(
     from elasticps.examples import digits
 
     PAYLOAD = "import os; open(os.path.join({markers!r}, str(os.getpid())), 'w').close()"
+    open(os.path.join({markers!r}, f"import-{{os.getpid()}}"), "w").close()  # who imports this module
 
 
     class EvilInt(int):
@@ -136,3 +140,11 @@ def test_a_driver_that_answers_with_pickles_fails_its_job_and_nothing_else(manag
         manager.step()
         time.sleep(0.2)
     assert manager.store.get_job("honest").state == "finished", manager.store.events("honest")
+
+    # its model, exported by the operator's CLI, which must not import the job's code either
+    out = manager.root / "model.pt"  # type: ignore[attr-defined]
+    assert main(["export", "honest", "--workdir", str(manager.workdir), "--out", str(out)]) == 0
+    exported = torch.load(out, weights_only=True)
+    assert exported.keys() == digits.mlp().state_dict().keys() and exported["0.weight"].shape == (128, 64)
+    imports = [m for m in markers(manager) if m.startswith("import-")]
+    assert f"import-{os.getpid()}" not in imports and len(imports) >= 3  # describes, driver, export's child

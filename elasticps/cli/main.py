@@ -183,13 +183,13 @@ def _int_list(text: str) -> list[int]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from elasticps import load_program
-    from elasticps.runtime.export import export_checkpoint
+    from elasticps.cli.export import export_job
 
+    code_paths: list[str] = []
     if args.program:  # a job trained with `elasticps train`
         if not args.checkpoint_dir or args.name:
             raise SystemExit("error: export --program needs --checkpoint-dir and no job name")
-        program, directory = load_program(args.program), Path(args.checkpoint_dir)
+        program, program_args, directory = args.program, {}, Path(args.checkpoint_dir)
     else:  # a job of the manager whose workdir this is
         from elasticps.manager.store import Store
 
@@ -206,13 +206,15 @@ def cmd_export(args: argparse.Namespace) -> int:
         finally:
             store.close()
         if spec.runtime_env and spec.runtime_env.working_dir and Path(spec.runtime_env.working_dir).is_dir():
-            sys.path.insert(0, spec.runtime_env.working_dir)  # shipped code: import it from where it was shipped
+            code_paths.append(spec.runtime_env.working_dir)  # shipped code: imported from where it was shipped
         from elasticps.manager.workdir import job_dir
 
-        program, directory = load_program(spec.program, spec.args), job_dir(workdir, args.name) / "checkpoints"
-    info = export_checkpoint(program, directory, args.out)
+        program, program_args = spec.program, dict(spec.args)
+        directory = job_dir(workdir, args.name) / "checkpoints"
+    # the job's code runs in a child process; only tensors come back (elasticps.cli.export)
+    info = export_job(program, program_args, directory, Path(args.out), code_paths)
     print(
-        f"wrote {args.out}: {program.name}, step {info['step']}, epoch {info['epoch']}, {info['parameters']} parameters"
+        f"wrote {args.out}: {info['name']}, step {info['step']}, epoch {info['epoch']}, {info['parameters']} parameters"
     )
     return 0
 
