@@ -79,7 +79,8 @@ def manager(ray_local, tmp_path_factory):
     (root / "markers").mkdir()
     (root / "code").mkdir()
     (root / "code" / "hostile_job.py").write_text(HOSTILE.format(markers=str(root / "markers")))
-    m = Manager(Store(root / "m.db"), root / "work", report_interval_s=0.5, ship_roots=(root / "code",))
+    (root / "work").mkdir(mode=0o700)
+    m = Manager(Store(root / "work" / "manager.db"), root / "work", report_interval_s=0.5, ship_roots=(root / "code",))
     m.root = root  # type: ignore[attr-defined]
     yield m
     m.shutdown()
