@@ -484,7 +484,7 @@ def test_policy_properties(name, scenario):
     # a job left out is one whose minimum did not fit in what was left (it waits, it never starts short)
     left = cluster.available - used
     for job in jobs:
-        if job.id not in decision and name != "static":
+        if job.id not in decision and name not in ("static", "tiresias"):  # those two start at the asked shape
             assert not job.resources(job.min_ps, job.min_workers).fits_in(left)
     again, _ = make_policy(name).decide(jobs, cluster, PolicyState())  # same input, same decision
     assert again == decision

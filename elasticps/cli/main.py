@@ -927,7 +927,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rescale-pause-s", type=float, default=30.0, help="seconds a job makes no progress after a start or rescale"
     )
     sim.add_argument(
-        "--policy", default="elastic", choices=["static", "greedy", "optimus", "elastic", "oracle"],
+        "--policy", default="elastic",
+        choices=["static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle"],
         help="oracle: elastic's decisions knowing every job's true speed (the bound to measure against)",
     )  # fmt: skip
     sim.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"], help=OBJECTIVE_HELP)

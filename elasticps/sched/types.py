@@ -129,6 +129,9 @@ class JobView:
     #: old shape (None: the policy's own figure, as a pause)
     rescale_pause_s: float | None = None
     rescale_launch_s: float = 0.0
+    #: seconds since the job was submitted (None: not known); what policies that
+    #: weigh time without a clock read (Pollux's restart factor, Tiresias's attained service)
+    age_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (0 <= self.min_ps <= self.max_ps) or not (1 <= self.min_workers <= self.max_workers):

@@ -290,6 +290,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             noise_scale=noise_scale_at(s, job.done_share) if s.noise_scale > 0 else None,
             speed_at=plan.speed_at,
             speed_sd=plan.sd,
+            age_s=t - s.arrival_s,
         )
 
     def schedule() -> None:

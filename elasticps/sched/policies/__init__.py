@@ -17,13 +17,17 @@ from elasticps.sched.policies.base import Policy, PolicyState
 from elasticps.sched.policies.elastic import ElasticPolicy
 from elasticps.sched.policies.greedy import GreedyPolicy
 from elasticps.sched.policies.optimus import OptimusPolicy
+from elasticps.sched.policies.pollux import PolluxPolicy
 from elasticps.sched.policies.static import StaticPolicy
+from elasticps.sched.policies.tiresias import TiresiasPolicy
 
 POLICIES: dict[str, type] = {
     "static": StaticPolicy,
     "greedy": GreedyPolicy,
     "optimus": OptimusPolicy,
     "elastic": ElasticPolicy,
+    "pollux": PolluxPolicy,
+    "tiresias": TiresiasPolicy,
 }
 
 
@@ -73,7 +77,9 @@ __all__ = [
     "OptimusPolicy",
     "Policy",
     "PolicyState",
+    "PolluxPolicy",
     "StaticPolicy",
+    "TiresiasPolicy",
     "make_policy",
     "options_for",
     "policy_options",
