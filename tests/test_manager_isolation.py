@@ -3,6 +3,8 @@ job, go on (the in-memory runtime; no Ray)."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from elasticps.manager import Manager, Store
@@ -104,3 +106,22 @@ def test_decide_isolated_names_the_culprits_and_raises_what_no_one_job_causes():
     with pytest.raises(OverflowError, match="the sum overflows"):
         decide_isolated(only_together, views)
     assert decide_isolated(len, views) == (3, views, {})  # nothing raised: decided once
+
+
+def test_a_start_the_locked_database_cannot_record_is_released_and_tried_again(env, monkeypatch):
+    manager, runtime = env
+    submit(manager, "locked-out")
+    real = manager.store.transition
+
+    def locked(*args, **kwargs):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(manager.store, "transition", locked)
+    with pytest.raises(sqlite3.OperationalError):
+        manager.step()  # the round fails (the loop logs it and goes on) ...
+    check_invariants(manager)  # ... with no job running that the store says is pending
+    manager._drain()
+    assert runtime.latest("locked-out").closed
+    monkeypatch.setattr(manager.store, "transition", real)
+    assert _run(manager) == {"locked-out": "finished"}
+    assert len(runtime.jobs["locked-out"]) == 2

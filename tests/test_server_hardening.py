@@ -48,6 +48,7 @@ def server(tmp_path_factory):
         port = s.getsockname()[1]
     log = root / "server.log"
     args = ["server", "--workdir", str(workdir), "--port", str(port), "--num-cpus", "4", "--interval-s", "1"]
+    args += ["--shutdown-timeout-s", "5"]
     proc = spawn_elasticps([*args, "--token", TOKEN], log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -85,10 +86,10 @@ def _session(proc: subprocess.Popen) -> list[int]:
     return pids
 
 
-def _wait_ended(url: str, names: list[str], timeout_s: float = 180) -> dict[str, str]:
+def _wait_ended(url: str, names: list[str], timeout_s: float = 300) -> dict[str, str]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        states = {j["name"]: j["state"] for j in httpx.get(f"{url}/jobs", headers=AUTH, timeout=10).json()}
+        states = {j["name"]: j["state"] for j in httpx.get(f"{url}/jobs", headers=AUTH, timeout=60).json()}
         if all(states.get(n) in ("finished", "failed", "cancelled") for n in names):
             return states
         time.sleep(0.5)
@@ -142,9 +143,9 @@ def test_the_embedded_cluster_listens_on_loopback_only(server):
 def test_no_documentation_pages_and_the_schema_wants_the_token(server):
     url = server["url"]
     for page in ("/docs", "/redoc"):
-        assert httpx.get(url + page, timeout=10).status_code == 404
-    assert httpx.get(url + "/openapi.json", timeout=10).status_code == 401
-    assert "paths" in httpx.get(url + "/openapi.json", headers=AUTH, timeout=10).json()
+        assert httpx.get(url + page, timeout=60).status_code == 404
+    assert httpx.get(url + "/openapi.json", timeout=60).status_code == 401
+    assert "paths" in httpx.get(url + "/openapi.json", headers=AUTH, timeout=60).json()
     assert httpx.get(url + "/events", params={"after": "99999999999999999999"}, headers=AUTH).status_code == 400
 
 
@@ -152,7 +153,7 @@ def test_jobs_named_token_and_ray_token_run_apart_and_every_file_is_the_owners(s
     url, workdir = server["url"], server["workdir"]
     secrets = {n: (workdir / n).read_bytes() for n in ("token", "ray-token")}
     for name in ("token", "ray-token"):
-        r = httpx.post(f"{url}/jobs", content=JOB.format(name=name), headers=YAML, timeout=60)
+        r = httpx.post(f"{url}/jobs", content=JOB.format(name=name), headers=YAML, timeout=180)
         assert r.status_code == 201, r.text
     states = _wait_ended(url, ["token", "ray-token"])
     assert states == {"token": "finished", "ray-token": "finished"}, server["log"].read_text()[-3000:]
@@ -174,8 +175,8 @@ def test_a_full_disk_answers_503_and_leaves_no_temporary_checkpoint(server):
     if server["disk"] is None:
         pytest.skip("cannot mount a tmpfs here; tests/test_manager_api.py simulates a full disk")
     url, disk, workdir = server["url"], server["disk"], server["workdir"]
-    spec = JOB.format(name="filling").replace("epochs: 1", "epochs: 4")
-    assert httpx.post(f"{url}/jobs", content=spec, headers=YAML, timeout=60).status_code == 201
+    spec = JOB.format(name="filling").replace("epochs: 1", "epochs: 3")
+    assert httpx.post(f"{url}/jobs", content=spec, headers=YAML, timeout=180).status_code == 201
     deadline = time.monotonic() + 120
     while not any((workdir / "jobs.d" / "filling" / "checkpoints").glob("ckpt-*.npz")):
         assert time.monotonic() < deadline, server["log"].read_text()[-3000:]
@@ -190,17 +191,17 @@ def test_a_full_disk_answers_503_and_leaves_no_temporary_checkpoint(server):
                 pass
     try:
         started = time.monotonic()
-        r = httpx.post(f"{url}/jobs", content=JOB.format(name="no-room"), headers=YAML, timeout=60)
+        r = httpx.post(f"{url}/jobs", content=JOB.format(name="no-room"), headers=YAML, timeout=180)
         assert r.status_code == 503 and r.headers["Retry-After"] == "5", r.text
         assert time.monotonic() - started < 30
-        assert httpx.get(f"{url}/jobs", headers=AUTH, timeout=10).status_code == 200
+        assert httpx.get(f"{url}/jobs", headers=AUTH, timeout=60).status_code == 200
         assert list(workdir.rglob(".tmp-*")) == []  # checkpoint writes that failed took their files along
     finally:
         filler.unlink()
     httpx.delete(f"{url}/jobs/filling", headers=AUTH, timeout=30)
-    events = httpx.get(f"{url}/events", params={"job": "filling"}, headers=AUTH, timeout=10).json()
+    events = httpx.get(f"{url}/events", params={"job": "filling"}, headers=AUTH, timeout=60).json()
     assert list(workdir.rglob(".tmp-*")) == [], [e["message"] for e in events]
-    r = httpx.post(f"{url}/jobs", content=JOB.format(name="no-room"), headers=YAML, timeout=60)
+    r = httpx.post(f"{url}/jobs", content=JOB.format(name="no-room"), headers=YAML, timeout=180)
     assert r.status_code == 201, r.text
 
 

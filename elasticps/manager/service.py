@@ -506,14 +506,18 @@ class Manager:
         )
         env = spec.runtime_env.to_ray() if spec.runtime_env else None
         launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement), env)
-        handle = self.runtime.start(launch)
-        self.live[rec.name] = _Live(handle, shape, dict(placement))
-        self.store.set_desired(rec.name, shape)
-        with_shape = f"with {shape[0]} PS x {shape[1]} workers"
-        if rec.state == JobState.RUNNING:  # running in the store, not here: the manager was restarted
-            self.store.add_event(now, rec.name, "started", f"restarted from its latest checkpoint {with_shape}")
-        else:
-            self.store.transition(rec.name, JobState.RUNNING, now, f"started {with_shape}", kind="started")
+        live = _Live(self.runtime.start(launch), shape, dict(placement))
+        try:  # a start the store cannot record (its database locked, its disk full) is released
+            self.store.set_desired(rec.name, shape)
+            with_shape = f"with {shape[0]} PS x {shape[1]} workers"
+            if rec.state == JobState.RUNNING:  # running in the store, not here: the manager was restarted
+                self.store.add_event(now, rec.name, "started", f"restarted from its latest checkpoint {with_shape}")
+            else:
+                self.store.transition(rec.name, JobState.RUNNING, now, f"started {with_shape}", kind="started")
+        except BaseException:
+            self._to_close.append((rec.name, live))
+            raise
+        self.live[rec.name] = live
 
     def _collect(self, now: float) -> bool:
         """Poll every job here: record new speed observations, store runtime
