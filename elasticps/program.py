@@ -31,6 +31,7 @@ ELEMENTWISE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adamw": torch.optim.AdamW,
     "rmsprop": torch.optim.RMSprop,
     "adagrad": torch.optim.Adagrad,
+    "adadelta": torch.optim.Adadelta,
 }
 
 #: Optimizers with a fused CPU kernel in torch, used unless the program asks otherwise.
@@ -188,6 +189,12 @@ class TrainingProgram:
         except TypeError as exc:
             raise ProgramError(f"bad optimizer_kwargs for {self.optimizer_name}: {exc}") from exc
 
+    def shard_optimizer(self, data: torch.Tensor, lo: int) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter]]:
+        """A PS shard's optimizer over ``data`` (its slice, starting at element
+        ``lo`` of the flat vector, one tensor), and the parameter it updates."""
+        param = torch.nn.Parameter(data)
+        return self.make_optimizer([param]), [param]
+
 
 def _materialize(obj: Any, what: str) -> Any:
     data = obj() if callable(obj) and not hasattr(obj, "__getitem__") else obj
@@ -209,14 +216,28 @@ def check_program_ref(ref: str) -> tuple[str, str]:
     return module_name, attr
 
 
-def load_program(ref: str | TrainingProgram, args: Mapping[str, Any] | None = None) -> TrainingProgram:
+def load_program(ref: Any, args: Mapping[str, Any] | None = None) -> Any:
     """Resolve ``"package.module:attr"`` to a program.
 
-    ``attr`` may be a :class:`TrainingProgram` or a function returning one,
-    called with the keyword arguments ``args`` (none by default); anything
-    else (a class, a builtin, a private name) is refused before it is called,
-    and the factory's result is checked before anything uses it.
+    ``attr`` may be a :class:`TrainingProgram`, a callable returning one, or a
+    training function that uses :mod:`elasticps.torch` (a user's own loop),
+    called with the keyword arguments ``args`` (none by default). The callable
+    is called once under a describe session: a factory returns its program; a
+    loop is stopped at its first batch and described as a
+    :class:`~elasticps.loop.program.LoopProgram` (what it prepared, its
+    DataLoader and ``epochs(n)``). A program or LoopProgram passes through.
+    Anything else named by ``ref`` (a class, a builtin, a private name) is
+    refused before it is called, and the result is checked before anything
+    uses it.
     """
+    from elasticps.loop.local import describe_call
+    from elasticps.loop.program import LoopProgram
+
+    if isinstance(ref, LoopProgram):
+        return ref
+    if callable(ref) and not isinstance(ref, (str, TrainingProgram)):  # a training function itself
+        name = f"{getattr(ref, '__module__', '?')}:{getattr(ref, '__qualname__', type(ref).__name__)}"
+        return _call(name, ref, args, describe_call)
     if isinstance(ref, TrainingProgram):
         if args:
             raise ProgramError("arguments were given for a program that is not a factory")
@@ -231,18 +252,34 @@ def load_program(ref: str | TrainingProgram, args: Mapping[str, Any] | None = No
     except AttributeError as exc:
         raise ProgramError(f"module {module_name!r} has no attribute {attr!r}") from exc
     if not (isinstance(obj, TrainingProgram) or inspect.isfunction(obj)):
-        raise ProgramError(f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram or a function returning one")
+        raise ProgramError(
+            f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram, a function returning one "
+            "or a training function"
+        )
     if inspect.isfunction(obj):
-        try:
-            obj = obj(**(args or {}))
-        except TypeError as exc:
-            raise ProgramError(f"cannot call {ref!r} with arguments {dict(args or {})}: {exc}") from exc
-        except ProgramError:
-            raise
-        except Exception as exc:  # the user's factory raised: their error, named, not ours
-            raise ProgramError(f"{ref!r} raised {type(exc).__name__}: {exc}") from exc
-    elif args:
+        return _call(ref, obj, args, describe_call)
+    if args:
         raise ProgramError(f"{ref!r} is not a factory, so it takes no arguments (got {dict(args)})")
     if not isinstance(obj, TrainingProgram):
         raise ProgramError(f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram")
+    return obj
+
+
+def _call(ref: str, fn: Callable[..., Any], args: Mapping[str, Any] | None, describe: Callable[..., Any]) -> Any:
+    """A factory's program, or a training loop's description."""
+    from elasticps.loop.program import LoopProgram
+
+    try:
+        obj = describe(ref, fn, dict(args or {}))
+    except TypeError as exc:
+        raise ProgramError(f"cannot call {ref!r} with arguments {dict(args or {})}: {exc}") from exc
+    except ProgramError:
+        raise
+    except Exception as exc:  # the user's factory raised: their error, named, not ours
+        raise ProgramError(f"{ref!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(obj, (TrainingProgram, LoopProgram)):
+        raise ProgramError(
+            f"{ref!r} returned a {type(obj).__name__}: a factory returns a TrainingProgram, "
+            "a training loop calls elasticps.torch.prepare/DataLoader/epochs"
+        )
     return obj

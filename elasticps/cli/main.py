@@ -787,7 +787,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=cmd_export)
 
     train = sub.add_parser("train", help="train one program at a fixed shape (resumes from --checkpoint-dir)")
-    train.add_argument("program", help="package.module:attr naming a TrainingProgram (or a factory of one)")
+    train.add_argument(
+        "program",
+        help="package.module:attr naming a TrainingProgram, a factory of one, or a training function "
+        "that uses elasticps.torch (your own loop; told apart by what calling it does, docs/user-loop.md)",
+    )
     train.add_argument("--ps", type=int, default=1, help="parameter-server shards (default 1)")
     train.add_argument("--workers", type=int, default=1, help="workers (default 1)")
     train.add_argument(

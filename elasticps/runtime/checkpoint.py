@@ -39,6 +39,7 @@ class Checkpoint:
     optimizer: str
     samples_seen: int
     batch_size: int | None = None  # the global batch when written (None: the program's)
+    user_state: bytes | None = None  # a user loop's registered objects (elasticps.torch.register), serialised
 
 
 class CheckpointStore:
@@ -64,6 +65,8 @@ class CheckpointStore:
         }
         arrays = {"params": ckpt.state.params}
         arrays.update({f"opt__{k}": v for k, v in ckpt.state.vectors.items()})
+        if ckpt.user_state is not None:
+            arrays["user_state"] = np.frombuffer(ckpt.user_state, dtype=np.uint8)
         final = self.dir / f"ckpt-{ckpt.step:010d}.npz"
         tmp = self.dir / f".tmp-{os.getpid()}-{ckpt.step}.npz"
         try:
@@ -121,6 +124,7 @@ class CheckpointStore:
                 vectors={k: data[f"opt__{k}"].copy() for k in meta["vectors"]},
                 scalars=dict(meta["scalars"]),
             )
+            user_state = bytes(data["user_state"]) if "user_state" in data.files else None
         return Checkpoint(
             step=meta["step"],
             position=DataPosition(meta["epoch"], meta["cursor"]),
@@ -129,4 +133,5 @@ class CheckpointStore:
             optimizer=meta["optimizer"],
             samples_seen=meta["samples_seen"],
             batch_size=meta.get("batch_size"),
+            user_state=user_state,
         )

@@ -32,7 +32,7 @@ import torch
 
 from elasticps.errors import ConfigError, JobEndedError, JobFailedError, PlacementError
 from elasticps.program import TrainingProgram, load_program
-from elasticps.runtime import tasks
+from elasticps.runtime import tasks, user_loop
 from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition, GlobalBatches, split_evenly
@@ -116,6 +116,9 @@ class JobController:
     ) -> None:
         self.program = load_program(program)
         self.config = config or JobConfig()
+        self._loop = user_loop.is_loop(self.program)  # the user's own loop runs in the workers
+        if self._loop and self.config.mode != "sync":
+            raise ConfigError(f"{self.program.name}: a user's own loop trains in sync mode only")
         self._check_shape(num_ps, num_workers, placement or {})
         self._lock = threading.RLock()
         self._target = Shape(num_ps, num_workers, dict(placement or {}))
@@ -153,6 +156,10 @@ class JobController:
         self._events: list[str] = []
         self._events_total = 0  # events ever recorded (the list keeps the newest MAX_EVENTS)
         self._grad_samples: list[GradientSample] = []
+        self._metrics: list[user_loop.MetricReport] = []  # what a user's loop reported
+        self._joiners: dict[int, bytes | None] = {}  # id(worker handle) -> registered state for its first step
+        self._user_state: bytes | None = None  # a user loop's registered state, as last snapshotted
+        self._finished_loops = False  # the user loops ran to their end
         self._epoch_grad_samples: list[GradientSample] = []
         self._bytes: dict[str, int] = {}
         self._epoch_start = (0.0, 0)
@@ -238,6 +245,7 @@ class JobController:
                 error=self.error,
                 batch_size=self.batch_size,
                 prefetched_batches=self._prefetched,
+                metrics=list(self._metrics),
             )
 
     def placement(self) -> dict[str, str]:
@@ -286,8 +294,10 @@ class JobController:
         if self.state != "created":
             return
         dataset = self.program.build_dataset()
-        self._batches = GlobalBatches(self.program.seed, len(dataset), self.program.batch_size)
-        if self.config.share_dataset:
+        self._batches = GlobalBatches(
+            self.program.seed, len(dataset), self.program.batch_size, getattr(self.program, "shuffle", True)
+        )
+        if self.config.share_dataset and not self._loop:
             self._dataset_ref, why = tasks.share_dataset(dataset)
             if why is not None:
                 self._event(f"the dataset cannot be shared ({why}): each worker builds its own")
@@ -296,11 +306,13 @@ class JobController:
             self._check_checkpoint(ckpt)
             state = ckpt.state
             self.step, self.position, self.samples_seen = ckpt.step, ckpt.position, ckpt.samples_seen
+            self._user_state = ckpt.user_state
             if ckpt.batch_size is not None and self._batch_request is None:
                 self.batch_size = self.program.check_batch(ckpt.batch_size)
             self._event(f"resumed from checkpoint at step {ckpt.step} (epoch {ckpt.position.epoch})")
         else:
-            state = ShardState(flat_params(self.program.build_model()))
+            model = self.program.build_model()
+            state = ShardState(flat_params(model))
         self._numel = state.numel
         with self._lock:
             shape, request_id = self._target, self._request_id
@@ -333,6 +345,10 @@ class JobController:
                     budget = None if max_steps is None else first + max_steps - self.step
                     self._async_segment(budget)
             self._flush_window()
+            if self.done and self._loop:
+                metrics, self._user_state = user_loop.finish(self.workers, self._param_refs, self._bounds, self.step)
+                self._add_metrics(metrics)
+                self._finished_loops = True
             if self.done or self._stop.is_set():
                 if self.done:  # resumed from a checkpoint taken at the very end, no epoch ran here
                     last = self._epochs[-1] if self._epochs else None
@@ -387,6 +403,7 @@ class JobController:
         if not self._store:
             raise ConfigError("no checkpoint_dir configured")
         state = self._gather_state()
+        self._snapshot_user_state()
         self._store.save(
             Checkpoint(
                 self.step,
@@ -396,6 +413,7 @@ class JobController:
                 self.program.optimizer_name,
                 self.samples_seen,
                 self.batch_size,
+                self._user_state,
             )
         )
         self._last_ckpt_step = self.step
@@ -411,12 +429,17 @@ class JobController:
         # what each worker most likely reads next (same shape and batch): read while this step runs
         upcoming = self._batches.take(next_pos, self.batch_size)[0] if next_pos.epoch < self.program.epochs else None
         nexts = split_evenly(upcoming, len(self.workers)) if upcoming is not None else [None] * len(self.workers)
-        measure = self._measure_gns()
+        measure = self._measure_gns() and not self._loop
         t0 = time.perf_counter()
         calls = []
         for rank, (w, part, nxt) in enumerate(
             zip(self.workers, split_evenly(idx, len(self.workers)), nexts, strict=True)
         ):
+            extra = {}
+            if self._loop:  # every worker's loop takes part in every step, if only with a padding sample
+                state = self._joiners.get(id(w.handle))
+                extra = {"epoch": self.position.epoch, "pad": len(part) == 0, "user_state": state}
+                part = part if len(part) else idx[:1]
             if len(part) == 0:
                 continue
             refs = w.handle.step.options(num_returns=len(self.ps) + 1).remote(
@@ -429,8 +452,11 @@ class JobController:
                 measure,
                 [ps.node_id == w.node_id for ps in self.ps],
                 nxt,
+                **extra,
             )
             calls.append((w, refs))
+        if self._loop:  # the lr and other hyperparameters of the user's optimizer: from the first worker
+            lr = calls[0][1][0]
         applies = [
             ps.handle.apply.options(num_returns=2).remote(
                 self.step,
@@ -450,12 +476,30 @@ class JobController:
             return
         self._param_refs = [a[1] for a in applies]
         done = [(w, s) for (w, _), s in zip(calls, stats, strict=True) if s is not None]
+        if self._loop:
+            self._joiners = {}
+            self._add_metrics(user_loop.step_metrics([s for _, s in done]))
         wall = time.perf_counter() - t0
         self._account([s for _, s in done], infos, [w for w, _ in done], wall, len(idx), big_batch=len(idx))  # type: ignore[misc]
         self.step += 1
         self._advance(len(idx), next_pos)
         if stats_error is not None:  # a worker died after its gradient was in: the step stands
             self._recover(stats_error)
+
+    def _snapshot_user_state(self) -> None:
+        """A user loop's registered state now, from its first worker (kept as is once the loops ended)."""
+        if self._loop and self.workers and not self._finished_loops:
+            next_epoch = None if self.done else self.position.epoch
+            self._user_state, metrics = user_loop.snapshot(
+                self.workers[0], self._param_refs, self._bounds, self.step, next_epoch
+            )
+            self._add_metrics(metrics)
+
+    def _add_metrics(self, records: list[user_loop.MetricReport]) -> None:
+        if records:
+            with self._lock:
+                self._metrics.extend(records)
+                del self._metrics[:-MAX_WINDOWS]
 
     def _measure_gns(self) -> bool:
         every = self.config.gns_every_steps
@@ -927,10 +971,14 @@ class JobController:
         """Make ``shape`` current; if ``state`` is given, (re)shard it over the PS."""
         ps = [new_ps.get(i) or self.ps[i] for i in range(shape.num_ps)]
         workers = [new_workers.get(i) or self.workers[i] for i in range(shape.num_workers)]
+        joining = [w for w in workers if all(w.handle is not t.handle for t in self.workers)]
+        if self._loop and joining:  # they start with the registered state of a loop already there
+            self._snapshot_user_state()
+            self._joiners.update({id(w.handle): self._user_state for w in joining})
         if state is not None:
             bounds = shard_bounds(state.numel, len(ps))
             refs = [
-                t.handle.set_state.remote(state.slice(lo, hi), self.step)
+                t.handle.set_state.remote(state.slice(lo, hi), self.step, lo)
                 for t, (lo, hi) in zip(ps, bounds, strict=True)
             ]
             ray.get(refs)

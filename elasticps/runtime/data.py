@@ -38,15 +38,17 @@ class DataPosition:
 class GlobalBatches:
     """Yields global batches of indices from a data position."""
 
-    def __init__(self, seed: int, num_samples: int, batch_size: int) -> None:
+    def __init__(self, seed: int, num_samples: int, batch_size: int, shuffle: bool = True) -> None:
         self.seed = seed
         self.num_samples = num_samples
         self.batch_size = batch_size
+        self.shuffle = shuffle  # False: every epoch in the dataset's order
         self._orders: dict[int, np.ndarray] = {}
 
     def order(self, epoch: int) -> np.ndarray:
         if epoch not in self._orders:
-            self._orders = {epoch: epoch_order(self.seed, epoch, self.num_samples)}
+            order = epoch_order(self.seed, epoch, self.num_samples) if self.shuffle else np.arange(self.num_samples)
+            self._orders = {epoch: order}
         return self._orders[epoch]
 
     def take(self, pos: DataPosition, count: int) -> tuple[np.ndarray, DataPosition]:

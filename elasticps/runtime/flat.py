@@ -66,6 +66,29 @@ class FlatModel:
                 pos, k = end, k + 1
             p.data = dst.view_as(p)
 
+    def load(self, parts: list[np.ndarray], bounds: list[tuple[int, int]]) -> None:
+        """Copy pulled shard arrays into the model's own flat buffer (a user's loop
+        may then read and write its parameters freely)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays: only read here
+            for part, (lo, hi) in zip(parts, bounds, strict=True):
+                self.params[lo:hi].copy_(torch.from_numpy(part))
+        for p, offset, n in self._layout:
+            if p.data.data_ptr() != self.params.data_ptr() + 4 * offset:
+                p.data = self.params[offset : offset + n].view_as(p)
+
+    def collect_grads(self) -> None:
+        """Gather every parameter's ``.grad`` into the flat gradient buffer (a
+        parameter whose grad is None, after ``zero_grad()``, contributes zeros)."""
+        with torch.no_grad():
+            for p, offset, n in self._layout:
+                view = self.grads[offset : offset + n]
+                g = p.grad
+                if g is None:
+                    view.zero_()
+                elif g.data_ptr() != view.data_ptr():
+                    view.copy_(g.reshape(-1))
+
     def params_numpy(self) -> np.ndarray:
         return self.params.numpy()
 

@@ -23,6 +23,10 @@ class PSShard:
     takes one optimizer step. In ``sync`` mode they are every worker's slice for
     one step (each scaled by 1/M, so the sum is the global-batch mean gradient);
     in ``async`` mode, one worker's slice (scaled by 1/its batch), applied at once.
+
+    The slice is one tensor, or (a user loop whose optimizer has several param
+    groups) one tensor per group segment, each a view of the slice, so that
+    each segment is updated with its group's hyperparameters.
     """
 
     def __init__(
@@ -35,16 +39,17 @@ class PSShard:
         self._param_shm: OwnedVector | None = None
         self._old_shm: list[OwnedVector] = []
         self._attached = Attachments()
-        self.param = torch.nn.Parameter(torch.zeros(0))
-        self.opt = program.make_optimizer([self.param])
+        self.data = torch.zeros(0)
+        self.opt, self.segments = program.shard_optimizer(self.data, 0)
         self.version = 0
 
     # -- lifecycle ------------------------------------------------------------
     def ready(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": _pid()}
 
-    def set_state(self, state: ShardState, version: int) -> np.ndarray:
-        """Load a slice's state; returns the parameters (for the first pulls)."""
+    def set_state(self, state: ShardState, version: int, lo: int = 0) -> np.ndarray:
+        """Load the state of the slice that starts at element ``lo``; returns the
+        parameters (for the first pulls)."""
         if self.shared_memory:
             # A new segment per shape; the previous one may still be mapped by readers of the last step.
             for old in self._old_shm:
@@ -55,29 +60,40 @@ class PSShard:
             data = torch.from_numpy(self._param_shm.array)
         else:
             data = torch.from_numpy(np.array(state.params, dtype=np.float32))
-        self.param = torch.nn.Parameter(data)
-        self.opt = self.program.make_optimizer([self.param])
+        self.data = data
+        self.opt, self.segments = self.program.shard_optimizer(data, lo)
         if state.vectors or state.scalars:
-            inner: dict[str, Any] = {k: torch.from_numpy(np.array(v)) for k, v in state.vectors.items()}
-            inner.update({k: torch.tensor(v, dtype=torch.float32) for k, v in state.scalars.items()})
             sd = self.opt.state_dict()
-            sd["state"] = {0: inner}
+            sd["state"] = {}
+            offset = 0
+            for i, p in enumerate(self.segments):
+                n = p.numel()
+                inner: dict[str, Any] = {
+                    k: torch.from_numpy(np.array(v[offset : offset + n])) for k, v in state.vectors.items()
+                }
+                inner.update({k: torch.tensor(v, dtype=torch.float32) for k, v in state.scalars.items()})
+                sd["state"][i] = inner
+                offset += n
             self.opt.load_state_dict(sd)
         self.version = version
-        return self.param.detach().numpy()
+        return self.data.numpy()
 
     def get_state(self) -> ShardState:
-        vectors: dict[str, np.ndarray] = {}
+        """Parameters and optimizer state of the slice: per-element state glued
+        over the segments, scalar state (a step count) from the first one."""
+        parts: dict[str, list[np.ndarray]] = {}
         scalars: dict[str, float] = {}
-        for key, value in self.opt.state.get(self.param, {}).items():
-            if isinstance(value, torch.Tensor) and value.numel() == self.param.numel() and value.dim() == 1:
-                vectors[key] = value.detach().numpy().copy()
-            else:
-                scalars[key] = float(value)
-        return ShardState(self.param.detach().numpy().copy(), vectors, scalars)
+        for p in self.segments:
+            for key, value in self.opt.state.get(p, {}).items():
+                if isinstance(value, torch.Tensor) and value.numel() == p.numel() and value.dim() == 1:
+                    parts.setdefault(key, []).append(value.detach().numpy())
+                else:
+                    scalars.setdefault(key, float(value))
+        vectors = {k: np.concatenate(v) for k, v in parts.items()}
+        return ShardState(self.data.numpy().copy(), vectors, scalars)
 
     def params(self) -> np.ndarray:
-        return self.param.detach().numpy()
+        return self.data.numpy()
 
     def ping(self) -> int:
         return self.version
@@ -91,7 +107,12 @@ class PSShard:
 
     # -- training ---------------------------------------------------------------
     def apply(
-        self, step: int, grads: list[ray.ObjectRef], measure: bool, copy_out: bool = True, lr: float | None = None
+        self,
+        step: int,
+        grads: list[ray.ObjectRef],
+        measure: bool,
+        copy_out: bool = True,
+        lr: float | dict[str, Any] | None = None,
     ) -> tuple[dict[str, float], np.ndarray | ShmRef]:
         """Sum the workers' gradient slices for ``step`` (in the order given) and update.
 
@@ -101,7 +122,10 @@ class PSShard:
         (with ``measure``, the squared norm of the summed gradient, for the
         noise scale) and the new parameters for the next pulls: a copy, or with
         ``copy_out=False`` a :class:`ShmRef` to them for same-node workers.
-        ``lr``: this step's learning rate (schedule and batch scaling applied).
+        ``lr``: this step's learning rate (schedule and batch scaling applied),
+        or a user loop's worker statistics, whose ``groups`` are the
+        hyperparameters of each param group of the user's optimizer at this
+        step (an LR scheduler's lr among them).
         """
         arrays = [self._attached.resolve(g) for g in ray.get(grads)]
         received_at = time.time()
@@ -112,19 +136,27 @@ class PSShard:
                 total += g
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # non-writable array: the grad is only read
-                self.param.grad = torch.from_numpy(total)
-            if lr is not None:
+                grad = torch.from_numpy(total)
+            offset = 0
+            for p in self.segments:
+                p.grad = grad[offset : offset + p.numel()]
+                offset += p.numel()
+            if isinstance(lr, dict):
+                for group in self.opt.param_groups:
+                    group.update(lr["groups"][group["user_group"]])
+            elif lr is not None:
                 for group in self.opt.param_groups:
                     group["lr"] = lr
             self.opt.step()
-            self.param.grad = None
+            for p in self.segments:
+                p.grad = None
         self.version = step + 1  # the step whose parameters these are
         info = {"received_at": received_at, "update_s": time.perf_counter() - t1}
         if measure:
             info["grad_sqnorm"] = float(np.dot(total, total))
         if not copy_out and self._param_shm is not None:
             return info, self._param_shm.ref()
-        return info, self.param.detach().numpy()
+        return info, self.data.numpy()
 
 
 def _pid() -> int:

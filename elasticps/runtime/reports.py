@@ -148,6 +148,7 @@ class JobReport:
     error: str | None = None
     batch_size: int = 0  # the global batch now
     prefetched_batches: int = 0  # worker batches that had been read in the background before their step
+    metrics: list[Any] = field(default_factory=list)  # a user loop's reports (runtime.user_loop.MetricReport)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

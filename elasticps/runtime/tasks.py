@@ -21,10 +21,18 @@ Kind = Literal["ps", "worker"]
 _ACTOR_CLASSES: dict[str, Any] = {}
 
 
-def _actor_class(kind: Kind) -> Any:
-    if kind not in _ACTOR_CLASSES:
-        _ACTOR_CLASSES[kind] = ray.remote(PSShard if kind == "ps" else Worker)
-    return _ACTOR_CLASSES[kind]
+def _actor_class(kind: Kind, program: Any) -> Any:
+    """The PS shard, the worker, or (a user's own loop) the loop worker, a threaded actor."""
+    loop = kind == "worker" and not isinstance(program, TrainingProgram)
+    key = "loop" if loop else kind
+    if key not in _ACTOR_CLASSES:
+        if loop:
+            from elasticps.runtime.loop_worker import MAX_CONCURRENCY, LoopWorker
+
+            _ACTOR_CLASSES[key] = ray.remote(max_concurrency=MAX_CONCURRENCY)(LoopWorker)
+        else:
+            _ACTOR_CLASSES[key] = ray.remote(PSShard if kind == "ps" else Worker)
+    return _ACTOR_CLASSES[key]
 
 
 @dataclass
@@ -73,7 +81,7 @@ def check_fits(task: str, node_id: str, resources: TaskResources, nodes: dict[st
 
 def launch(
     kind: Kind,
-    program: TrainingProgram,
+    program: Any,
     resources: TaskResources,
     threads: int,
     node_id: str | None,
@@ -89,7 +97,7 @@ def launch(
     args: tuple[Any, ...] = (program, threads, shared_memory, resources.cpu_limit)
     if kind == "worker" and dataset is not None:
         args += (dataset,)
-    handle = _actor_class(kind).options(**options).remote(*args)
+    handle = _actor_class(kind, program).options(**options).remote(*args)
     return PendingTask(kind, handle, handle.ready.remote(), node_id, resources)
 
 

@@ -1,0 +1,263 @@
+"""A user's loop inside a job's worker: where its calls meet the controller's.
+
+The user's function runs in a thread of the worker actor
+(:class:`~elasticps.runtime.loop_worker.LoopWorker`); the actor's methods,
+called by the controller, put messages into :attr:`WorkerSession.inbox`:
+
+- :class:`StepMessage` (a step's parameters and this worker's share of its
+  global batch): the DataLoader yields that share; the prepared optimizer's
+  ``step()`` hands the gradient to the actor (:attr:`outbox`) and waits for
+  the next message, which brings the new parameters;
+- :class:`ParamsMessage`: new parameters without a batch (where the next step
+  is, or that training is over), optionally asking for a snapshot of the
+  registered state at the loop's next wait for a batch, that is after the
+  user's code that follows a step (an LR scheduler's ``step()``, an epoch's
+  evaluation) and before the next batch;
+- ``RELEASE``: the worker leaves the job; the loop ends quietly at its wait.
+
+Parameters are copied into the model's own flat buffer (the user may read and
+write them freely between steps); gradients are gathered into the flat
+gradient buffer at ``step()`` and weighted by this worker's share of the
+global batch, so the sum over workers is the global-batch mean gradient.
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import threading
+import types
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from elasticps.errors import ProgramError
+from elasticps.loop.api import DataLoader
+from elasticps.loop.local import check_prepare_args
+from elasticps.loop.program import LoopProgram, OptimizerLayout
+from elasticps.runtime.flat import FlatModel
+
+UNKNOWN = object()  # where the next step is, before the first message
+RELEASE = object()
+
+
+@dataclass
+class StepMessage:
+    step: int
+    epoch: int
+    parts: list[np.ndarray]
+    bounds: list[tuple[int, int]]
+    indices: np.ndarray
+    batch: Future | None  # the batch read in the background, if the loader was known
+    scale: float  # this worker's share of the global batch (0: it pads a batch smaller than the workers)
+    user_state: bytes | None = None
+
+
+@dataclass
+class ParamsMessage:
+    step: int  # the step these parameters start
+    parts: list[np.ndarray]
+    bounds: list[tuple[int, int]]
+    next_epoch: int | None  # None: training is over
+    snapshot: bool = False
+
+
+class Released(BaseException):
+    """Ends a released worker's loop (not an Exception: ``except Exception`` lets it pass)."""
+
+
+def _hyperparameters(opt: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each param group's numeric hyperparameters now (lr, betas, weight_decay, ...)."""
+    out = []
+    for group in opt.param_groups:
+        hyper: dict[str, Any] = {}
+        for k, v in group.items():
+            if isinstance(v, torch.Tensor) and v.numel() == 1:
+                v = float(v)
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if number or (isinstance(v, tuple) and all(isinstance(x, (int, float)) for x in v)):
+                hyper[k] = v
+        out.append(hyper)
+    return out
+
+
+def _elastic_step(opt: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> None:
+    """The prepared optimizer's ``step()`` (a method of the optimizer, so an LR
+    scheduler may wrap it as it wraps any optimizer's)."""
+    opt._opt_called = True  # type: ignore[attr-defined]  # what torch's LR schedulers check
+    opt._elasticps_session.optimizer_step(closure)  # type: ignore[attr-defined]
+
+
+@dataclass
+class WorkerSession:
+    program: LoopProgram
+    grad_buffer: Callable[[int], np.ndarray | None]
+    inbox: queue.Queue = field(default_factory=queue.Queue)
+    outbox: queue.Queue = field(default_factory=queue.Queue)
+    snapshots: queue.Queue = field(default_factory=queue.Queue)
+
+    def __post_init__(self) -> None:
+        self.flat: FlatModel | None = None
+        self.opt: torch.optim.Optimizer | None = None
+        self.loader: DataLoader | None = None
+        self.current: StepMessage | None = None
+        self.pushed = True
+        self.stash: StepMessage | None = None
+        self.next_epoch: Any = UNKNOWN
+        self.epoch: int | None = None
+        self.steps = 0
+        self.reports: list[dict[str, Any]] = []
+        self.registered: dict[str, Any] = {}
+        self.snapshot_wanted = False
+        self.loss_sum = 0.0
+        self.prepared = threading.Event()  # set by prepare() (and by the actor if the function ends first)
+
+    # -- the user's calls -------------------------------------------------------------
+    def prepare(self, model: Any, opt: Any, inexact: bool) -> tuple[Any, Any]:
+        check_prepare_args(model, opt)
+        if self.flat is not None:
+            raise ProgramError("prepare() was called twice: a job trains one model with one optimizer")
+        layout = OptimizerLayout.of(model, opt, inexact)
+        if layout.segments != self.program.layout.segments:
+            raise ProgramError("this worker's model or param groups differ from those of the describe run")
+        numel = layout.segments[-1][1] if layout.segments else 0
+        self.flat = FlatModel(model, self.grad_buffer(numel))
+        self.opt = opt
+        opt._elasticps_session = self  # type: ignore[attr-defined]
+        opt.step = types.MethodType(_elastic_step, opt)  # type: ignore[method-assign]
+        self.prepared.set()
+        return model, opt
+
+    def add_loader(self, loader: DataLoader) -> None:
+        if self.loader is not None:
+            raise ProgramError(
+                "a second elasticps.torch.DataLoader: it is the training set; evaluate with torch.utils.data.DataLoader"
+            )
+        if len(loader.dataset) != self.program.num_samples or loader.batch_size != self.program.batch_size:
+            raise ProgramError("this worker's DataLoader differs from the describe run's (dataset length or batch)")
+        self.loader = loader
+
+    def epochs(self, n: int) -> Iterator[int]:
+        if n != self.program.epochs:
+            raise ProgramError(f"epochs({n}) here, epochs({self.program.epochs}) in the describe run")
+        while True:
+            if self.next_epoch is UNKNOWN:
+                self._receive(self._wait(boundary=True))
+            if self.next_epoch is None or self.next_epoch >= n:
+                self.epoch = None
+                return
+            if self.next_epoch == self.epoch:
+                raise ProgramError(
+                    f"the loop over the DataLoader ended before epoch {self.epoch} did: every epoch of "
+                    "elasticps.torch.epochs(n) must iterate the DataLoader to its end"
+                )
+            self.epoch = self.next_epoch
+            yield self.epoch
+
+    def iterate(self, loader: DataLoader) -> Iterator[Any]:
+        if self.epoch is None:
+            raise ProgramError("iterate the DataLoader inside `for epoch in elasticps.torch.epochs(n)`")
+        epoch = self.epoch
+        while True:
+            if not self.pushed:
+                raise ProgramError(
+                    "the loop asked for the next batch before the prepared optimizer's step(): every batch "
+                    "must end with optimizer.step() (parameters changed by hand, e.g. through p.data, are "
+                    "not trained: the PS holds them)"
+                )
+            msg = self.stash
+            if msg is None:
+                if self.next_epoch is not UNKNOWN and self.next_epoch != epoch:
+                    return
+                self._receive(self._wait(boundary=True))
+                continue
+            if msg.epoch != epoch:
+                return
+            self.stash, self.current, self.pushed, self.loss_sum = None, msg, False, 0.0
+            yield msg.batch.result() if msg.batch is not None else loader.fetch(msg.indices)
+
+    def report(self, metrics: dict[str, float]) -> dict[str, Any]:
+        record = {"step": self.steps, "epoch": self.epoch, "metrics": metrics}
+        self.reports.append(record)
+        return record
+
+    def register(self, objects: dict[str, Any]) -> None:
+        self.registered.update(objects)
+
+    def step(self) -> int:
+        return self.steps
+
+    # -- the step boundary ------------------------------------------------------------
+    def optimizer_step(self, closure: Callable[[], Any] | None) -> None:
+        if closure is not None:
+            raise ProgramError("optimizer.step(closure) (LBFGS-style re-evaluation) is not supported in a job")
+        msg = self.current
+        if msg is None or self.pushed:
+            raise ProgramError(
+                "optimizer.step() was called twice for one batch, or outside the loop over the DataLoader: "
+                "one prepared optimizer steps once per batch (a second optimizer is not supported)"
+            )
+        assert self.flat is not None and self.opt is not None
+        self.flat.collect_grads()
+        if msg.scale != 1.0:
+            self.flat.grads.mul_(msg.scale)
+        samples = len(msg.indices) if msg.scale > 0 else 0
+        stats = {
+            "groups": _hyperparameters(self.opt),
+            "loss_sum": self.loss_sum * samples,
+            "reports": self.take_reports(),
+        }
+        self.pushed = True
+        self.outbox.put(stats)
+        self._receive(self._wait(boundary=False))
+        self.current = None
+
+    def note_loss(self, value: float) -> None:
+        """A scalar the loop called ``backward()`` on (its loss), for the job's reports."""
+        self.loss_sum += value
+
+    def take_reports(self) -> list[dict[str, Any]]:
+        out, self.reports = self.reports, []
+        return out
+
+    # -- messages -----------------------------------------------------------------------
+    def _wait(self, boundary: bool) -> Any:
+        if boundary and self.snapshot_wanted:
+            self.snapshot_wanted = False
+            self.snapshots.put({"state": self.snapshot(), "reports": self.take_reports()})
+        msg = self.inbox.get()
+        if msg is RELEASE:
+            raise Released()
+        return msg
+
+    def _receive(self, msg: StepMessage | ParamsMessage) -> None:
+        assert self.flat is not None, "a message before prepare()"
+        self.flat.load(msg.parts, msg.bounds)
+        self.steps = msg.step
+        if isinstance(msg, StepMessage):
+            if msg.user_state is not None:
+                self.restore(msg.user_state)
+            self.stash, self.next_epoch = msg, msg.epoch
+        else:
+            self.next_epoch = msg.next_epoch
+            self.snapshot_wanted = self.snapshot_wanted or msg.snapshot
+
+    def snapshot(self) -> bytes | None:
+        """The registered objects' state, serialised (None: nothing registered)."""
+        if not self.registered:
+            return None
+        buf = io.BytesIO()
+        torch.save({name: obj.state_dict() for name, obj in self.registered.items()}, buf)
+        return buf.getvalue()
+
+    def restore(self, blob: bytes) -> None:
+        states = torch.load(io.BytesIO(blob), weights_only=False)  # written by this job's own workers
+        unknown = sorted(set(states) - set(self.registered))
+        if unknown:
+            raise ProgramError(f"state of {unknown} was saved but not registered here: call register() before the loop")
+        for name, state in states.items():
+            self.registered[name].load_state_dict(state)

@@ -1,0 +1,211 @@
+"""A worker that runs the user's own training loop (see :mod:`elasticps.loop`).
+
+It answers the controller's :meth:`step` exactly as :class:`~elasticps.runtime.worker.Worker`
+does (statistics, then a gradient slice per PS shard), so the controller's step
+protocol, membership, rescale and recovery are the same for both; only who
+computes the gradient differs: here the user's code, in a thread of this actor,
+between the DataLoader handing out this worker's share of the batch and the
+prepared optimizer's ``step()``.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from elasticps.errors import ProgramError
+from elasticps.loop.api import set_session
+from elasticps.loop.program import LoopProgram
+from elasticps.loop.worker_session import RELEASE, ParamsMessage, Released, StepMessage, WorkerSession
+from elasticps.runtime.cpu_limit import CpuLimit
+from elasticps.runtime.shm import Attachments, OwnedVector, available
+
+#: Concurrent calls a loop worker serves: a step blocks while the user's code
+#: runs, and pings, snapshots and releases must still get through.
+MAX_CONCURRENCY = 4
+_ENDED = object()
+
+
+class UserCodeError(Exception):
+    """The user's function raised: its traceback, as text (it crosses processes)."""
+
+
+def _install_loss_hook(session: WorkerSession) -> None:
+    """Note the value of every scalar the loop calls ``backward()`` on: its loss,
+    for the job's reports (nothing else changes)."""
+    original = torch.Tensor.backward
+
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if self.numel() == 1:
+            session.note_loss(float(self.detach()))
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+
+class LoopWorker:
+    def __init__(
+        self,
+        program: LoopProgram,
+        threads: int = 1,
+        shared_memory: bool = True,
+        cpu_limit: float | None = None,
+        dataset: Any = None,
+    ) -> None:
+        torch.set_num_threads(max(1, threads))
+        self.program = program
+        self.cpu_limit = CpuLimit(cpu_limit)
+        self._shared = shared_memory and available()
+        self._grad_shm: OwnedVector | None = None
+        self.session = WorkerSession(program, self._grad_buffer)
+        set_session(self.session)
+        _install_loss_hook(self.session)
+        self._attached = Attachments()
+        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        self._next: tuple[np.ndarray, Any] | None = None
+        self._done = threading.Event()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="user-loop", daemon=True)
+        self._thread.start()
+
+    def _grad_buffer(self, numel: int) -> np.ndarray | None:
+        if not self._shared:
+            return None
+        self._grad_shm = OwnedVector("grad", numel)
+        return self._grad_shm.array
+
+    def _run(self) -> None:
+        try:
+            self.program.fn(**self.program.args)
+        except Released:
+            pass
+        except BaseException as exc:  # the user's error: kept, and given to the step waiting for it
+            self.error = "".join(traceback.format_exception(exc))
+            self.session.outbox.put(UserCodeError(self.error))
+            self.session.snapshots.put(UserCodeError(self.error))
+        finally:
+            self._done.set()
+            self.session.prepared.set()
+            self.session.outbox.put(_ENDED)
+            self.session.snapshots.put(_ENDED)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def ready(self) -> dict[str, Any]:
+        """Once the user's function has prepared its model (or failed before)."""
+        self.session.prepared.wait()
+        if self.error is not None:
+            raise UserCodeError(f"the training function failed before its first step:\n{self.error}")
+        if self.session.flat is None:
+            raise ProgramError("the training function returned without calling elasticps.torch.prepare")
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        """Leave the job: the loop ends quietly at its next wait; shared memory is unlinked."""
+        self.session.inbox.put(RELEASE)
+        if self._grad_shm is not None:
+            self._grad_shm.close()
+            self._grad_shm = None
+        self._reader.shutdown(wait=False, cancel_futures=True)
+
+    # -- the step protocol ----------------------------------------------------------------
+    def step(
+        self,
+        step: int,
+        indices: np.ndarray,
+        param_refs: list[ray.ObjectRef],
+        bounds: list[tuple[int, int]],
+        denominator: int,
+        seed: int,
+        measure: bool = False,
+        same_node: list[bool] | None = None,
+        prefetch: np.ndarray | None = None,
+        epoch: int = 0,
+        pad: bool = False,
+        user_state: bytes | None = None,
+    ) -> tuple[Any, ...]:
+        """This worker's gradient of step ``step``: ``indices`` are its share of the
+        global batch of ``denominator`` samples (``pad``: a stand-in sample
+        weighted 0, the batch being smaller than the workers)."""
+        prefetched = self._next is not None and np.array_equal(self._next[0], indices)
+        loader = self.session.loader
+        batch = self._next[1] if prefetched and self._next else None
+        if batch is None and loader is not None:
+            batch = self._reader.submit(loader.fetch, indices)
+        self._next = None
+        if prefetch is not None and len(prefetch) and loader is not None:
+            self._next = (np.asarray(prefetch), self._reader.submit(loader.fetch, prefetch))
+        t0 = time.perf_counter()
+        parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
+        t1 = time.perf_counter()
+        scale = 0.0 if pad else len(indices) / denominator
+        self.session.inbox.put(StepMessage(step, epoch, parts, bounds, indices, batch, scale, user_state))
+        with self.cpu_limit.held():
+            out = self._await(self.session.outbox)
+        t2 = time.perf_counter()
+        assert self.session.flat is not None
+        g = self.session.flat.grads_numpy()
+        local = same_node if (same_node is not None and self._grad_shm is not None) else [False] * len(bounds)
+        slices: list[Any] = [
+            self._grad_shm.ref(lo, hi) if here and self._grad_shm else g[lo:hi]
+            for (lo, hi), here in zip(bounds, local, strict=True)
+        ]
+        stats = {
+            **out,
+            "step": step,
+            "samples": 0 if pad else len(indices),
+            "pull_s": t1 - t0,
+            "compute_s": t2 - t1,
+            "batch_half": 0,
+            "sqnorm_half": float("nan"),
+            "sqnorm_local": float("nan"),
+            "prefetched": prefetched,
+            "pull_bytes": [int(p.nbytes) for p in parts],
+            "push_bytes": [int(s.nbytes) for s in slices],
+            "sent_at": time.time(),
+        }
+        return (stats, *slices)
+
+    def snapshot(
+        self, param_refs: list[ray.ObjectRef], bounds: list[tuple[int, int]], step: int, next_epoch: int | None
+    ) -> dict[str, Any]:
+        """Give the loop the parameters of ``step`` without a batch; return its
+        registered state (and reports) as they are when it next waits for a batch."""
+        parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
+        self.session.inbox.put(ParamsMessage(step, parts, bounds, next_epoch, snapshot=True))
+        return self._await(self.session.snapshots)
+
+    def finish(
+        self, param_refs: list[ray.ObjectRef], bounds: list[tuple[int, int]], step: int, timeout_s: float
+    ) -> dict[str, Any]:
+        """Training is over: give the loop the final parameters and let it end
+        (its last evaluation and reports run now). Returns its last reports."""
+        parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
+        self.session.inbox.put(ParamsMessage(step, parts, bounds, None))
+        ended = self._done.wait(timeout_s)
+        if self.error is not None:
+            raise UserCodeError(f"the training function failed after its last step:\n{self.error}")
+        return {"reports": self.session.take_reports(), "ended": ended, "state": self.session.snapshot()}
+
+    def _await(self, box: queue.Queue) -> Any:
+        out = box.get()
+        if isinstance(out, UserCodeError):
+            raise out
+        if out is _ENDED:
+            raise ProgramError(
+                f"the training function returned at step {self.session.steps} before the job's end "
+                f"(epoch {self.session.epoch} of {self.program.epochs}): let `for epoch in "
+                "elasticps.torch.epochs(n)` run out"
+            )
+        return out

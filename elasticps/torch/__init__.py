@@ -1,0 +1,29 @@
+"""Bring your own loop: a few calls make an ordinary PyTorch loop an elastic PS job.
+
+.. code-block:: python
+
+    import elasticps.torch as ept
+
+    def main():
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        model, opt = ept.prepare(model, opt)                           # the PS holds parameters and optimizer state
+        loader = ept.DataLoader(train_set, batch_size=256, shuffle=True)  # the GLOBAL batch, split among workers
+        for epoch in ept.epochs(30):                                   # starts where the job is
+            for x, y in loader:
+                loss = F.cross_entropy(model(x), y)                    # a MEAN over the batch
+                opt.zero_grad()
+                loss.backward()
+                opt.step()                                             # the step boundary
+            ept.report(accuracy=evaluate(model))
+
+Run alone (``python -c 'import mypkg.train as t; t.main()'``) it is plain
+single-process training; ``elasticps train mypkg.train:main`` or a manager job
+(``program: mypkg.train:main``) runs it in every worker of an elastic job.
+See docs/user-loop.md.
+"""
+
+from elasticps.loop.api import DataLoader, epochs, prepare, register, report, step
+
+__all__ = ["DataLoader", "epochs", "prepare", "register", "report", "step"]
