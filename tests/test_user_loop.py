@@ -105,3 +105,35 @@ def test_an_error_in_the_loop_fails_the_job_with_the_users_error(ray_local):
         job.run()
     assert job.report().state == "failed" and job.step == 3
     job.shutdown()
+
+
+def _clipped(max_norm: float | None = 0.05):
+    import torch
+
+    import elasticps.torch as ept
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    model, opt = ept.prepare(model, opt)
+    loader = ept.DataLoader(digits_loop.train_set(), batch_size=64, shuffle=True)
+    for _ in ept.epochs(1):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if max_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            opt.step()
+    return model
+
+
+def test_global_norm_clipping_in_the_loop_clips_the_global_gradient_exactly(ray_local):
+    job = make_job(2, 2, _clipped)  # two shards each hold part of the norm; two workers part of the gradient
+    report = job.run()
+    assert report.state == "finished" and report.step == 22
+    with api.active(LocalSession()):
+        want = flat_params(_clipped())
+        unclipped = flat_params(_clipped(None))
+    assert relative_error(job.parameters(), want) < TOL
+    assert relative_error(unclipped, want) > 1e-3  # the clipping mattered: the test can fail
+    job.shutdown()

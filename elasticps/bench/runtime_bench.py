@@ -10,6 +10,8 @@ Workloads (a user's, not picked to flatter a ratio):
   path between nodes, measured here on one node);
 - rescale pauses: the same 10M model with Adam (parameters plus two moment
   vectors move when PS shards change);
+- the user-loop path: the same model, data, batch and optimizer written as a
+  user's own loop (``elasticps.torch``), at 1x1, and its add/remove-worker pauses;
 - exactness: digits with Adam through the rescales 1x1 -> 2x3 -> 3x2 -> 1x2;
 - task start: the demo's digits CNN, rescaled 1x1 -> 1x4 and back, the time
   its three new workers take to start (``RescaleRecord.launch_s``: the job
@@ -20,6 +22,7 @@ Workloads (a user's, not picked to flatter a ratio):
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import time
 from collections.abc import Iterator
@@ -142,6 +145,39 @@ def throughput(steps: int, batch: int) -> dict[str, float]:
     return {"single_process_samples_per_s": ref.samples_per_s, "ps_1x1_samples_per_s": steps * batch / elapsed}
 
 
+def synthetic_loop(batch_size: int, num_samples: int) -> None:
+    """The throughput workload written as a user's own loop: the same model,
+    data, batch and (fused) Adam as the synthetic program."""
+    import elasticps.torch as ept
+
+    program = synthetic.program(batch_size=batch_size, epochs=100, num_samples=num_samples)
+    model = program.build_model()
+    opt = program.make_optimizer([p for p in model.parameters() if p.requires_grad])
+    model, opt = ept.prepare(model, opt)
+    loader = ept.DataLoader(program.build_dataset(), batch_size=batch_size, shuffle=True, seed=program.seed)
+    for _ in ept.epochs(program.epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            program.loss(model(x), y).backward()
+            opt.step()
+
+
+def user_loop(steps: int, batch: int) -> dict[str, Any]:
+    """The user-loop path at 1x1 (samples/s, as ``throughput``), and its pauses to add and remove a worker."""
+    loop = functools.partial(synthetic_loop, batch, batch * (steps + 4))
+    job = JobController(loop, _bench_config(), 1, 1)
+    job.run(max_steps=2)  # warm-up
+    t0 = time.perf_counter()
+    job.run(max_steps=steps)
+    elapsed = time.perf_counter() - t0
+    job.shutdown()
+    pauses = {}
+    with _training(loop, _bench_config()) as job:
+        for name, shape in (("add_worker", (1, 2)), ("remove_worker", (1, 1))):
+            pauses[name] = job.wait_rescale(job.rescale(*shape), timeout_s=600).pause_s
+    return {"user_loop_samples_per_s": steps * batch / elapsed, "user_loop_rescale_pause_s": pauses}
+
+
 @contextlib.contextmanager
 def _training(program: Any, config: JobConfig) -> Iterator[JobController]:
     """A 1x1 job of ``program`` training in a thread while the block rescales it; stopped and shut down after."""
@@ -216,6 +252,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
     out.update(throughput(steps, batch))
     out["ps_1x1_over_single_process"] = out["ps_1x1_samples_per_s"] / out["single_process_samples_per_s"]
+    out.update(user_loop(steps, batch))
+    out["user_loop_over_ps_1x1"] = out["user_loop_samples_per_s"] / out["ps_1x1_samples_per_s"]
     out["memcpy_MBps"] = memcpy_mbps(repeats)
     out["pushpull_MBps"] = pushpull_mbps(repeats, shared=True)
     out["pushpull_over_memcpy"] = out["pushpull_MBps"] / out["memcpy_MBps"]

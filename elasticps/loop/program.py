@@ -16,7 +16,6 @@ hyperparameters, so per-group learning rates and weight decay shard exactly.
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any

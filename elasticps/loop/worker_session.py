@@ -43,6 +43,7 @@ from elasticps.runtime.flat import FlatModel
 
 UNKNOWN = object()  # where the next step is, before the first message
 RELEASE = object()
+CHECKED_STEPS = 3  # steps on which a worker checks that only the prepared optimizer changed the parameters
 
 
 @dataclass
@@ -115,6 +116,10 @@ class WorkerSession:
         self.snapshot_wanted = False
         self.loss_sum = 0.0
         self.prepared = threading.Event()  # set by prepare() (and by the actor if the function ends first)
+        self.clip: tuple[float, float] | None = None  # this batch's clip_grad_norm_ (max_norm, norm_type)
+        self.norm_layers: list[torch.nn.Module] = []
+        self.bound: tuple[list[np.ndarray], list[tuple[int, int]]] | None = None
+        self.checks_left = CHECKED_STEPS
 
     # -- the user's calls -------------------------------------------------------------
     def prepare(self, model: Any, opt: Any, inexact: bool) -> tuple[Any, Any]:
@@ -126,6 +131,7 @@ class WorkerSession:
             raise ProgramError("this worker's model or param groups differ from those of the describe run")
         numel = layout.segments[-1][1] if layout.segments else 0
         self.flat = FlatModel(model, self.grad_buffer(numel))
+        self.norm_layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         self.opt = opt
         opt._elasticps_session = self  # type: ignore[attr-defined]
         opt.step = types.MethodType(_elastic_step, opt)  # type: ignore[method-assign]
@@ -177,7 +183,8 @@ class WorkerSession:
                 continue
             if msg.epoch != epoch:
                 return
-            self.stash, self.current, self.pushed, self.loss_sum = None, msg, False, 0.0
+            self._check_params("between the prepared optimizer's step() and the next batch")
+            self.stash, self.current, self.pushed, self.loss_sum, self.clip = None, msg, False, 0.0, None
             yield msg.batch.result() if msg.batch is not None else loader.fetch(msg.indices)
 
     def report(self, metrics: dict[str, float]) -> dict[str, Any]:
@@ -202,6 +209,13 @@ class WorkerSession:
                 "one prepared optimizer steps once per batch (a second optimizer is not supported)"
             )
         assert self.flat is not None and self.opt is not None
+        if any(m.training for m in self.norm_layers):
+            raise ProgramError(
+                "BatchNorm in training mode normalises each worker's share of the batch by the share's "
+                "statistics, so sync training would not be the one-process training: use GroupNorm or "
+                "LayerNorm, or keep the BatchNorm layers in eval mode"
+            )
+        self._check_params("between the batch and the prepared optimizer's step()")
         self.flat.collect_grads()
         if msg.scale != 1.0:
             self.flat.grads.mul_(msg.scale)
@@ -209,12 +223,47 @@ class WorkerSession:
         stats = {
             "groups": _hyperparameters(self.opt),
             "loss_sum": self.loss_sum * samples,
+            "clip": self.clip,
             "reports": self.take_reports(),
         }
         self.pushed = True
         self.outbox.put(stats)
         self._receive(self._wait(boundary=False))
         self.current = None
+
+    def clips(self, params: list[torch.Tensor], max_norm: float, norm_type: float) -> bool:
+        """Whether a ``clip_grad_norm_`` over ``params`` is this loop's global-norm
+        clipping (recorded; the PS shards clip the global gradient), or a
+        ProgramError if it cannot be applied to the global gradient."""
+        if self.flat is None or self.current is None:
+            return False
+        ours = {id(p) for p, _, _ in self.flat.layout}
+        given = {id(p) for p in params}
+        if not given & ours:
+            return False
+        if given != ours:
+            raise ProgramError(
+                "clip_grad_norm_ over part of the prepared model's parameters: the PS shards clip the "
+                "global gradient of all of them; clip over model.parameters()"
+            )
+        if norm_type not in (2.0, float("inf")):
+            raise ProgramError(f"clip_grad_norm_ with norm_type={norm_type}: a job clips by the 2-norm or inf-norm")
+        self.clip = (max_norm, norm_type)
+        return True
+
+    def _check_params(self, where: str) -> None:
+        """On a worker's first steps: the parameters are still those pulled."""
+        if self.checks_left <= 0 or self.bound is None or self.flat is None:
+            return
+        self.checks_left -= 1
+        parts, bounds = self.bound
+        for part, (lo, hi) in zip(parts, bounds, strict=True):
+            if not torch.equal(self.flat.params[lo:hi], torch.from_numpy(np.asarray(part))):
+                raise ProgramError(
+                    f"parameters changed {where} other than by the prepared optimizer (a second optimizer, "
+                    "or p.data changed by hand): the PS shards hold the parameters, so such a change would be "
+                    "lost; step one prepared optimizer, and change parameters only through it"
+                )
 
     def note_loss(self, value: float) -> None:
         """A scalar the loop called ``backward()`` on (its loss), for the job's reports."""
@@ -237,6 +286,7 @@ class WorkerSession:
     def _receive(self, msg: StepMessage | ParamsMessage) -> None:
         assert self.flat is not None, "a message before prepare()"
         self.flat.load(msg.parts, msg.bounds)
+        self.bound = (msg.parts, msg.bounds)
         self.steps = msg.step
         if isinstance(msg, StepMessage):
             if msg.user_state is not None:

@@ -457,13 +457,19 @@ class JobController:
             calls.append((w, refs))
         if self._loop:  # the lr and other hyperparameters of the user's optimizer: from the first worker
             lr = calls[0][1][0]
+        grads = [[refs[j + 1] for _, refs in calls] for j in range(len(self.ps))]
+        norms = None
+        if self._loop:  # shards sum first and share their norms: a loop may clip by the global norm
+            norms = [ps.handle.reduce.remote(self.step, g) for ps, g in zip(self.ps, grads, strict=True)]
+            grads = [[] for _ in self.ps]
         applies = [
             ps.handle.apply.options(num_returns=2).remote(
                 self.step,
-                [refs[j + 1] for _, refs in calls],
+                grads[j],
                 measure,
                 any(w.node_id != ps.node_id for w in self.workers),
                 lr,
+                *([norms] if norms is not None else []),
             )
             for j, ps in enumerate(self.ps)
         ]

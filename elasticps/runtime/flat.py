@@ -38,6 +38,11 @@ class FlatModel:
                 self._layout.append((p, offset, n))
                 offset += n
 
+    @property
+    def layout(self) -> list[tuple[torch.nn.Parameter, int, int]]:
+        """Each trainable parameter with its offset and size in the flat vector."""
+        return self._layout
+
     def bind(self, parts: list[np.ndarray], bounds: list[tuple[int, int]]) -> None:
         """Use pulled shard arrays as the parameters without copying where possible.
 

@@ -52,6 +52,29 @@ def _install_loss_hook(session: WorkerSession) -> None:
     torch.Tensor.backward = backward  # type: ignore[method-assign]
 
 
+def _install_clip_hook(session: WorkerSession) -> None:
+    """``torch.nn.utils.clip_grad_norm_`` over the prepared model's parameters is
+    recorded, not applied here: the PS shards clip the global gradient by its
+    global norm. It returns this worker's local norm (of its unweighted share)."""
+    original = torch.nn.utils.clip_grad_norm_
+
+    def clip_grad_norm_(
+        parameters: Any,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+        foreach: bool | None = None,
+    ) -> torch.Tensor:
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if not session.clips(params, float(max_norm), float(norm_type)):
+            return original(params, max_norm, norm_type, error_if_nonfinite, foreach)
+        grads = [p.grad.reshape(-1) for p in params if p.grad is not None]
+        return torch.linalg.vector_norm(torch.cat(grads), float(norm_type)) if grads else torch.tensor(0.0)
+
+    torch.nn.utils.clip_grad_norm_ = clip_grad_norm_  # type: ignore[assignment]
+    torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_  # type: ignore[assignment]
+
+
 class LoopWorker:
     def __init__(
         self,
@@ -69,6 +92,7 @@ class LoopWorker:
         self.session = WorkerSession(program, self._grad_buffer)
         set_session(self.session)
         _install_loss_hook(self.session)
+        _install_clip_hook(self.session)
         self._attached = Attachments()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
         self._next: tuple[np.ndarray, Any] | None = None

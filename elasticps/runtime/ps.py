@@ -42,6 +42,7 @@ class PSShard:
         self.data = torch.zeros(0)
         self.opt, self.segments = program.shard_optimizer(self.data, 0)
         self.version = 0
+        self._summed: tuple[int, np.ndarray, float] = (-1, np.zeros(0, np.float32), 0.0)
 
     # -- lifecycle ------------------------------------------------------------
     def ready(self) -> dict[str, Any]:
@@ -106,6 +107,23 @@ class PSShard:
         self._old_shm, self._param_shm = [], None
 
     # -- training ---------------------------------------------------------------
+    def reduce(self, step: int, grads: list[ray.ObjectRef]) -> dict[str, float]:
+        """Sum the workers' gradient slices for ``step`` and keep the sum for
+        :meth:`apply`; returns its squared norm and largest magnitude, which
+        every shard needs to clip by the norm of the whole gradient."""
+        total, received_at = self._sum(grads)
+        self._summed = (step, total, received_at)
+        return {"sq": float(np.dot(total, total)), "max": float(np.max(np.abs(total))) if len(total) else 0.0}
+
+    def _sum(self, grads: list[ray.ObjectRef]) -> tuple[np.ndarray, float]:
+        arrays = [self._attached.resolve(g) for g in ray.get(grads)]
+        received_at = time.time()
+        with self.cpu_limit.held():
+            total = arrays[0] if len(arrays) == 1 else np.add(arrays[0], arrays[1])
+            for g in arrays[2:]:
+                total += g
+        return total, received_at
+
     def apply(
         self,
         step: int,
@@ -113,6 +131,7 @@ class PSShard:
         measure: bool,
         copy_out: bool = True,
         lr: float | dict[str, Any] | None = None,
+        norms: list[dict[str, float]] | None = None,
     ) -> tuple[dict[str, float], np.ndarray | ShmRef]:
         """Sum the workers' gradient slices for ``step`` (in the order given) and update.
 
@@ -125,15 +144,21 @@ class PSShard:
         ``lr``: this step's learning rate (schedule and batch scaling applied),
         or a user loop's worker statistics, whose ``groups`` are the
         hyperparameters of each param group of the user's optimizer at this
-        step (an LR scheduler's lr among them).
+        step (an LR scheduler's lr among them) and ``clip`` its global-norm
+        clipping. ``norms``: every shard's :meth:`reduce` of this step (then
+        ``grads`` is empty: the sum was kept by :meth:`reduce`).
         """
-        arrays = [self._attached.resolve(g) for g in ray.get(grads)]
-        received_at = time.time()
+        if norms is not None:
+            norms = ray.get(list(norms))  # refs to every shard's reduce of this step
+            summed_step, total, received_at = self._summed
+            assert summed_step == step, f"reduce of step {summed_step}, apply of step {step}"
+        else:
+            total, received_at = self._sum(grads)
         t1 = time.perf_counter()
+        clip = lr.get("clip") if isinstance(lr, dict) else None
+        if clip is not None and norms is not None:
+            total = total * np.float32(clip_coefficient(clip, norms))
         with self.cpu_limit.held():
-            total = arrays[0] if len(arrays) == 1 else np.add(arrays[0], arrays[1])
-            for g in arrays[2:]:
-                total += g
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # non-writable array: the grad is only read
                 grad = torch.from_numpy(total)
@@ -157,6 +182,14 @@ class PSShard:
         if not copy_out and self._param_shm is not None:
             return info, self._param_shm.ref()
         return info, self.data.numpy()
+
+
+def clip_coefficient(clip: tuple[float, float], norms: list[dict[str, float]]) -> float:
+    """``torch.nn.utils.clip_grad_norm_``'s factor for the whole gradient, from
+    each shard's part: min(1, max_norm / (norm + 1e-6))."""
+    max_norm, norm_type = clip
+    norm = max(n["max"] for n in norms) if norm_type == float("inf") else sum(n["sq"] for n in norms) ** 0.5
+    return min(1.0, max_norm / (norm + 1e-6))
 
 
 def _pid() -> int:

@@ -1,0 +1,163 @@
+"""A user's loop inside a worker, driven in this process without Ray: the
+loops that do not fit the step protocol fail at their first step with what
+to change; global-norm clipping is recorded for the PS shards."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import elasticps.torch as ept
+from elasticps import ProgramError, load_program
+from elasticps.examples.digits import train_set
+from elasticps.loop import api
+from elasticps.loop.worker_session import RELEASE, StepMessage, WorkerSession
+from elasticps.runtime.data import DataPosition, GlobalBatches
+from elasticps.runtime.loop_worker import _install_clip_hook
+
+
+def drive(fn, steps: int = 3) -> list[dict]:
+    """Run ``fn`` as one worker of a job whose stand-in PS takes SGD steps; the
+    statistics of each step, or the loop's error."""
+    program = load_program(fn)
+    session = WorkerSession(program, lambda numel: None)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            failure.append(exc)
+            session.outbox.put(exc)
+
+    original_clip = torch.nn.utils.clip_grad_norm_
+    _install_clip_hook(session)
+    stats = []
+    with api.active(session):
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        params = program.initial_params()
+        order = GlobalBatches(program.seed, program.num_samples, program.batch_size, program.shuffle)
+        pos = DataPosition(0, 0)
+        try:
+            for step in range(steps):
+                idx, nxt = order.take(pos, program.batch_size)
+                session.inbox.put(StepMessage(step, pos.epoch, [params], [(0, len(params))], idx, None, 1.0))
+                out = session.outbox.get(timeout=60)
+                if isinstance(out, BaseException):
+                    raise out
+                stats.append(out)
+                params = params - 0.01 * session.flat.grads.numpy()
+                pos = nxt
+        finally:
+            session.inbox.put(RELEASE)
+            thread.join(10)
+            torch.nn.utils.clip_grad_norm_ = original_clip
+            torch.nn.utils.clip_grad.clip_grad_norm_ = original_clip
+    return stats
+
+
+def make_loop(model_fn=lambda: torch.nn.Linear(64, 10), body=None, dataset=None):
+    """A digits loop whose batch is handled by ``body(model, opt, x, y)``."""
+
+    def loop():
+        torch.manual_seed(0)
+        model = model_fn()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = ept.prepare(model, opt)
+        loader = ept.DataLoader(dataset or train_set(), batch_size=64)
+        for _ in ept.epochs(1):
+            for x, y in loader:
+                body(model, opt, x, y)
+
+    return loop
+
+
+def plain_step(model, opt, x, y):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def test_the_stand_in_job_runs_a_fitting_loop():
+    stats = drive(make_loop(body=plain_step))
+    assert len(stats) == 3 and all(s["groups"][0]["lr"] == 0.1 and s["clip"] is None for s in stats)
+
+
+def test_parameters_changed_by_hand_without_the_optimizer_fail_at_the_first_step():
+    def by_hand(model, opt, x, y):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data -= 0.1 * p.grad
+
+    with pytest.raises(ProgramError, match="next batch before the prepared optimizer's step"):
+        drive(make_loop(body=by_hand))
+
+
+def test_a_second_optimizer_fails_at_the_first_step():
+    second: list[torch.optim.Optimizer] = []
+
+    def two_optimizers(model, opt, x, y):
+        if not second:
+            second.append(torch.optim.SGD(model[0].parameters(), lr=0.5))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        second[0].step()
+        opt.step()
+
+    loop = make_loop(model_fn=lambda: torch.nn.Sequential(torch.nn.Linear(64, 10)), body=two_optimizers)
+    with pytest.raises(ProgramError, match="a second optimizer"):
+        drive(loop)
+
+
+def test_batchnorm_in_training_mode_fails_at_the_first_step():
+    def model_fn():
+        return torch.nn.Sequential(torch.nn.Linear(64, 10), torch.nn.BatchNorm1d(10))
+
+    with pytest.raises(ProgramError, match="BatchNorm in training mode.*GroupNorm"):
+        drive(make_loop(model_fn=model_fn, body=plain_step))
+
+
+def test_an_iterable_style_dataset_is_refused_when_the_loop_is_described():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from zip(torch.zeros(8, 64), torch.zeros(8, dtype=torch.long), strict=True)
+
+    with pytest.raises(ProgramError, match="map-style dataset"):
+        load_program(make_loop(body=plain_step, dataset=Stream()))
+
+
+def test_clipping_part_of_the_model_is_refused_and_clipping_all_of_it_is_recorded():
+    def clip(params_of):
+        def body(model, opt, x, y):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(params_of(model), 0.5)
+            opt.step()
+
+        return body
+
+    model_fn = lambda: torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.Linear(16, 10))  # noqa: E731
+    stats = drive(make_loop(model_fn=model_fn, body=clip(lambda m: m.parameters())))
+    assert [s["clip"] for s in stats] == [(0.5, 2.0)] * 3
+    with pytest.raises(ProgramError, match="part of the prepared model's parameters"):
+        drive(make_loop(model_fn=model_fn, body=clip(lambda m: m[1].parameters())))
+
+
+def test_the_global_clip_coefficient_is_torchs_for_the_whole_gradient():
+    from elasticps.runtime.ps import clip_coefficient
+
+    g = np.array([3.0, 4.0, 12.0], dtype=np.float32)  # norm 13
+    shards = [g[:2], g[2:]]
+    norms = [{"sq": float(np.dot(s, s)), "max": float(np.abs(s).max())} for s in shards]
+    t = torch.tensor(g, requires_grad=True)
+    t.grad = torch.tensor(g)
+    torch.nn.utils.clip_grad_norm_([t], 6.5)
+    assert np.allclose(g * clip_coefficient((6.5, 2.0), norms), t.grad.numpy(), rtol=1e-6)  # 6.5/13 = 0.5
+    assert clip_coefficient((20.0, 2.0), norms) == 1.0
+    assert clip_coefficient((6.0, float("inf")), norms) == pytest.approx(0.5, rel=1e-6)  # 6/12
