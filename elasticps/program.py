@@ -253,8 +253,8 @@ def load_program(ref: Any, args: Mapping[str, Any] | None = None) -> Any:
         raise ProgramError(f"module {module_name!r} has no attribute {attr!r}") from exc
     if not (isinstance(obj, TrainingProgram) or inspect.isfunction(obj)):
         raise ProgramError(
-            f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram, a function returning one "
-            "or a training function"
+            f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram or a function "
+            "(returning one, or a training loop that uses elasticps.torch)"
         )
     if inspect.isfunction(obj):
         return _call(ref, obj, args, describe_call)
@@ -279,7 +279,7 @@ def _call(ref: str, fn: Callable[..., Any], args: Mapping[str, Any] | None, desc
         raise ProgramError(f"{ref!r} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, (TrainingProgram, LoopProgram)):
         raise ProgramError(
-            f"{ref!r} returned a {type(obj).__name__}: a factory returns a TrainingProgram, "
-            "a training loop calls elasticps.torch.prepare/DataLoader/epochs"
+            f"{ref!r} is a {type(obj).__name__}, not a TrainingProgram (what it returned; a training "
+            "loop calls elasticps.torch.prepare, DataLoader and epochs instead)"
         )
     return obj

@@ -31,6 +31,8 @@ def describe_program(program: str, args: dict[str, Any]) -> dict[str, Any]:
     )
     dataset = p.build_dataset()
     info["samples_per_epoch"] = len(dataset)
+    if not isinstance(p, TrainingProgram):  # a user's own loop: its describe run reached its first batch
+        return info
     try:
         try_one_sample(p, dataset)
     except ProgramError:
