@@ -493,7 +493,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     loop = threading.Thread(target=manager.run, args=(args.interval_s, stop), name="elasticps-loop", daemon=True)
     loop.start()
     print(f"elasticps manager on http://{args.host}:{args.port} (state in {workdir})", flush=True)
-    print(f"dashboard: http://{args.host}:{args.port}/#token=<the token in {workdir / 'token'}>", flush=True)
+    print(f"dashboard: http://{args.host}:{args.port}/#token={token}", flush=True)
     try:
         uvicorn.run(create_app(manager, token, frozenset(hosts)), host=args.host, port=args.port, log_level="warning")
     finally:

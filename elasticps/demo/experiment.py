@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from elasticps.errors import JobFailedError
+from elasticps.manager.dashboard import overview
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.store import Store
@@ -201,7 +202,7 @@ def _watch(
     all_running_at: float | None = None
     while True:
         now = time.time()
-        ov = manager.overview()
+        ov = overview(manager)
         jobs = {
             j["name"]: {k: j[k] for k in ("state", "num_ps", "num_workers", "metric", "epoch", "samples_per_s")}
             for j in ov["jobs"]

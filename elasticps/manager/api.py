@@ -6,7 +6,8 @@
   final; 409 for a job that already finished or failed); ``PATCH /jobs/{name}``
   changes min/max PS and workers; ``POST /jobs/{name}/retry`` queues a failed job again.
 - ``GET /jobs/{name}/logs``, ``GET /events?job=&after=``, ``GET /metrics``.
-- ``GET /``: the dashboard (``/#token=...``); ``GET /api/overview`` its data.
+- ``GET /``: the dashboard (``/#token=...``), its files under ``/static/``; its data:
+  ``GET /api/overview`` (the job table), ``/api/jobs/{name}`` (one job), ``/api/cluster``.
 - No ``/docs`` or ``/redoc``: FastAPI's pages load their scripts from a CDN
   into this origin, which holds the token.
 
@@ -37,6 +38,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel
 
 from elasticps.errors import ConfigError, ElasticPSError, ProgramError
+from elasticps.manager import dashboard
 from elasticps.manager.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from elasticps.manager.models import Allocation, ErrorOut, EventOut, JobOut, LogLine, Progress
 from elasticps.manager.service import Manager
@@ -51,6 +53,19 @@ BODY_TYPES = {"application/json": "json", "application/yaml": "yaml"}
 RETRY_AFTER_S = 5
 #: Errors of the disk under the workdir: the request may succeed later, once an operator acts.
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+#: What ``/static/`` serves (elasticps/manager/static/), with its media type.
+STATIC_FILES = {
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+    "uPlot.iife.min.js": "text/javascript; charset=utf-8",
+    "uPlot.min.css": "text/css; charset=utf-8",
+}
+
+
+def _static(name: str) -> bytes:
+    return resources.files("elasticps.manager").joinpath("static", name).read_bytes()
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -283,13 +298,37 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
         return {"ok": True}
 
     @app.get("/", response_class=HTMLResponse)
-    def dashboard() -> HTMLResponse:
-        # the page itself is static; its data comes from /api/overview (token in the URL fragment)
-        return HTMLResponse(resources.files("elasticps.manager").joinpath("dashboard.html").read_text())
+    def dashboard_page() -> HTMLResponse:
+        # the page itself is static; its data comes from /api/* (token in the URL fragment)
+        return HTMLResponse(_static("dashboard.html").decode())
+
+    @app.get("/static/{name}")
+    def static(name: str) -> Response:
+        """The dashboard's script, styles and its vendored charting library (no token: nothing secret)."""
+        if name not in STATIC_FILES:
+            raise HTTPException(404, f"no static file {name!r}")
+        return Response(_static(name), media_type=STATIC_FILES[name], headers={"Cache-Control": "no-cache"})
 
     @app.get("/api/overview", dependencies=deps)
     def overview() -> dict[str, Any]:
-        return manager.overview()
+        """The job table (running first) and each node's CPUs now."""
+        return dashboard.overview(manager)
+
+    @app.get("/api/jobs/{name}", dependencies=deps, responses=ERRORS)
+    def job_view(name: str, log_lines: int = Query(40, ge=0, le=1000)) -> dict[str, Any]:
+        """One job for the dashboard: shapes, curves, rescales, events and its log's tail."""
+        try:
+            detail = dashboard.job_detail(manager, name)
+        except KeyError:
+            raise HTTPException(404, f"no job named {name!r}") from None
+        report = manager.report(name)
+        detail["log"] = (job_log_lines(report) if report is not None else [])[-log_lines:] if log_lines else []
+        return detail
+
+    @app.get("/api/cluster", dependencies=deps)
+    def cluster_view() -> dict[str, Any]:
+        """Nodes over time (ours, other tenants', free) and the latest rounds' moves and why."""
+        return dashboard.cluster(manager)
 
     return app
 

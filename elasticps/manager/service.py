@@ -41,15 +41,17 @@ from typing import Any, Protocol
 
 from elasticps.errors import ConfigError, ElasticPSError, JobEndedError, ProgramError
 from elasticps.manager.capacity import capacity_change, capacity_signature
+from elasticps.manager.history import ClusterHistory
 from elasticps.manager.isolation import FIGURE_ERRORS, decide_isolated, window_problem
 from elasticps.manager.metrics import ManagerMetrics
 from elasticps.manager.priors import FleetPriors, kind_of, read_observations
+from elasticps.manager.reasons import Move, explain
 from elasticps.manager.rescale_costs import RescaleCosts
 from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, JobStatus, Launch, ProgramInfo
 from elasticps.manager.shipping import ShipPolicy
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
-from elasticps.manager.store import JobRecord, Retention, Store
+from elasticps.manager.store import JobRecord, Rescale, Retention, Store
 from elasticps.manager.workdir import job_dir, migrate_job_dirs
 from elasticps.placement import place, spans_on
 from elasticps.program import check_program_ref
@@ -178,6 +180,8 @@ class Manager:
         self._rounds = 0
         # the latest rounds' decisions: (time, {job: (ps, workers)}), for reports and tests
         self.decisions: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=1000)
+        self.history = ClusterHistory()  # nodes over time and the latest rounds' moves (the dashboard)
+        self.predicted: dict[str, float] = {}  # the speed model's samples/s at each running job's shape
         self.metrics = ManagerMetrics(self)
         for name in migrate_job_dirs(self.workdir, [r.name for r in store.list_jobs()]):
             log.warning("job %s: its files moved to %s (the workdir's new layout)", name, job_dir(self.workdir, name))
@@ -297,7 +301,9 @@ class Manager:
             except FIGURE_ERRORS as exc:  # no fleet prior this round; each job's own view is judged below
                 log.warning("fleet priors: %s", exc)
                 priors = {}
-            cluster = self.capacity.view(self._ours())
+            ours = self._ours()
+            cluster = self.capacity.view(ours)
+            self.history.sample(now, cluster, ours)
             room = [n.available for n in cluster.nodes]
             views = []
             for r in records:  # one job's figures that break its view fail that job, not the round
@@ -325,12 +331,15 @@ class Manager:
             self.decisions.append((now, dict(decision)))
             self.metrics.decision_seconds.observe(time.perf_counter() - started)
             shapes = placed.shapes
+            moves = explain(views, decision, shapes, self._unfit, cluster)
+            self.history.round(now, moves)
+            self.predicted = _predicted(views)
             for rec in records:
                 if rec.name in culprits:
                     continue
                 shape, placement = shapes.get(rec.name), placed.placement.get(rec.name)
                 if shape is not None and placement is not None:
-                    self._apply(rec, shape, placement, now, cluster)
+                    self._apply(rec, shape, placement, now, cluster, moves.get(rec.name))
                     if rec.name in batches:
                         self._apply_batch(rec.name, batches[rec.name], now)
             if self.growth is not None:
@@ -364,7 +373,10 @@ class Manager:
                 with self._lock:
                     woken = self._collect(self.clock()) or woken
                     if not (due or woken) and time.monotonic() >= settled_at:
-                        now_sig = capacity_signature(self.capacity.view(self._ours()))
+                        ours = self._ours()
+                        view = self.capacity.view(ours)
+                        self.history.sample(self.clock(), view, ours)
+                        now_sig = capacity_signature(view)
                         change = capacity_change(seen, now_sig)
                         seen = now_sig
                         if change:
@@ -389,53 +401,25 @@ class Manager:
                 return None
         return self.ended.get(name)
 
+    def held(self) -> dict[str, Resources]:
+        """What our jobs hold per node now (see :meth:`_ours`)."""
+        with self._lock:
+            return self._ours()
+
+    def failures_in_a_row(self, name: str) -> int:
+        """How many times the job failed (to start, or while running) since its last step of progress."""
+        with self._lock:
+            return self._failures.get(name, 0)
+
+    def restart_at(self, name: str) -> float | None:
+        """When a job that failed while running starts again (None: it is not waiting to)."""
+        with self._lock:
+            return self._not_before.get(name) if name not in self.live else None
+
     def statuses(self) -> dict[str, JobStatus]:
         """The last poll of every job running here."""
         with self._lock:
             return {n: live.status for n, live in self.live.items() if live.status is not None}
-
-    def overview(self) -> dict:
-        """What the dashboard shows: nodes (CPU used by jobs, by others, free) and
-        jobs (tasks over time, throughput over time, loss by step)."""
-        nodes = []
-        with self._lock:
-            ours = self._ours()
-        try:
-            view = self.capacity.view(ours)
-        except Exception as exc:  # no cluster to read (not connected yet, or gone)
-            log.debug("no capacity to show: %s", exc)
-            view = ClusterView(())
-        for n in view.nodes:
-            jobs_cpu = ours.get(n.name, Resources()).cpu
-            nodes.append(
-                {
-                    "id": n.name,
-                    "cpu": n.capacity.cpu,
-                    "jobs_cpu": round(jobs_cpu, 2),
-                    "others_cpu": round(n.used_by_others.cpu, 2),
-                    "free_cpu": round(max(0.0, n.capacity.cpu - jobs_cpu - n.used_by_others.cpu), 2),
-                }
-            )
-        jobs = []
-        for rec in self.store.list_jobs():
-            allocs = self.store.allocations(rec.name)
-            report = self.report(rec.name)
-            last = allocs[-1] if allocs else (0, 0, 0, {})
-            jobs.append(
-                {
-                    "name": rec.name,
-                    "state": rec.state,
-                    "num_ps": last[1],
-                    "num_workers": last[2],
-                    "tasks": [[at - rec.submitted_at, p + w] for at, p, w, _ in allocs],
-                    "throughput": [[w.last_step, w.samples_per_s] for w in report.windows] if report else [],
-                    "loss": [[w.last_step, w.loss] for w in report.windows] if report else [],
-                    "metric": report.epoch_reports[-1].metric if report and report.epoch_reports else None,
-                    "epoch": report.epoch if report else 0,
-                    "samples_per_s": report.windows[-1].samples_per_s if report and report.windows else None,
-                }
-            )
-        return {"nodes": nodes, "jobs": jobs}
 
     # -- helpers (called with the lock held, except _drain)
     def _apply_batch(self, name: str, batch: int, now: float) -> None:
@@ -453,10 +437,17 @@ class Manager:
         self.store.add_event(now, name, "batch", f"global batch {batch} (objective {self.objective})")
 
     def _apply(
-        self, rec: JobRecord, shape: tuple[int, int], placement: dict[str, str], now: float, cluster: ClusterView
+        self,
+        rec: JobRecord,
+        shape: tuple[int, int],
+        placement: dict[str, str],
+        now: float,
+        cluster: ClusterView,
+        move: Move | None = None,
     ) -> None:
-        """Start the job, or ask it for its new shape; the event says how much
-        room the round saw for our jobs (what the decision was made on)."""
+        """Start the job, or ask it for its new shape; the event says why (the
+        move's action) and how much room the round saw for our jobs (what the
+        decision was made on)."""
         live = self.live.get(rec.name)
         if live is None and not self._still_admissible(rec, now):
             return
@@ -468,11 +459,12 @@ class Manager:
                 live.asked, live.asked_placement = shape, placement
                 self.store.set_desired(rec.name, shape)
                 room = f"{cluster.available.cpu:.10g} of {cluster.capacity.cpu:.10g} CPUs"
+                why = _why(move, shape)
                 self.store.add_event(
                     now,
                     rec.name,
                     "rescale",
-                    f"rescale to {shape[0]} PS x {shape[1]} workers (the round saw {room} free for our jobs)",
+                    f"rescale to {shape[0]} PS x {shape[1]} workers{why} (the round saw {room} free for our jobs)",
                 )
         except JobEndedError:
             pass  # it ended since this round polled it; the next poll retires it
@@ -545,11 +537,12 @@ class Manager:
                 self._retire(name, live, JobState.FAILED, now, f"job failed: {bad}")
                 news = True
                 continue
-            for w in st.windows:
+            for w, end in zip(st.windows, _window_ends(st.windows, now), strict=True):
                 if w.last_step > live.last_step:
                     self.store.record_observation(
-                        name, now, w.num_ps, w.num_workers, w.samples_per_s, w.batch_size, w.nodes, w.cross
-                    )
+                        name, end, w.num_ps, w.num_workers, w.samples_per_s, w.batch_size, w.nodes, w.cross,
+                        step=w.last_step, epoch=st.epoch, loss=w.loss, metric=st.metric,
+                    )  # fmt: skip
                     live.last_step = w.last_step
                     t = w.mean_step_times
                     total = t.compute_s + t.pull_s + t.push_s + t.update_s + t.wait_s
@@ -561,7 +554,13 @@ class Manager:
                 if text.partition(": ")[2].startswith("rescale to") and "failed" in text:
                     live.asked, live.asked_placement = (st.num_ps, st.num_workers), dict(st.placement)
             live.events_seen = st.events_total
+            if st.windows or st.ended:
+                self._keep_progress(name, st)
             for rec in st.rescales:
+                self.store.record_rescale(
+                    name, now,
+                    Rescale(now, rec.at_step, rec.from_shape, rec.to_shape, rec.pause_s, rec.tasks_start_s, rec.ok),
+                )  # fmt: skip
                 if rec.ok:
                     self.metrics.rescale_pause_seconds.observe(rec.pause_s)
                     if rec.tasks_start_s is not None:
@@ -583,6 +582,22 @@ class Manager:
                     self._to_close.append((name, live))
                 news = True  # its room is free
         return news
+
+    def _keep_progress(self, name: str, st: JobStatus) -> None:
+        """Store the job's latest progress, so it is shown after it ended and after a restart."""
+        last = st.windows[-1] if st.windows else None
+        kept = self.store.progress(name) or {}
+        self.store.set_progress(
+            name,
+            {
+                "step": st.step,
+                "epoch": st.epoch,
+                "samples_per_s": last.samples_per_s if last else kept.get("samples_per_s"),
+                "loss": last.loss if last else kept.get("loss"),
+                "metric": st.metric if st.metric is not None else kept.get("metric"),
+                "remaining_samples": st.remaining_samples,
+            },
+        )
 
     def _stopped_by_failure(self, name: str, live: _Live, now: float, why: str) -> None:
         """A running job failed (its driver died, a task could not be placed on a
@@ -773,6 +788,35 @@ class Manager:
                 kind = spec.ps if task.startswith("ps-") else spec.workers
                 per_node.setdefault(node, []).append(_resources(kind))
         return {n: total_of(rs) for n, rs in per_node.items()}
+
+
+def _predicted(views: list[JobView]) -> dict[str, float]:
+    """The speed model's samples/s for each running job at its shape (what its ETA is read from)."""
+    out = {}
+    for v in views:
+        if v.current is not None:
+            try:
+                out[v.id] = float(v.speed(*v.current))
+            except FIGURE_ERRORS:
+                continue
+    return out
+
+
+def _window_ends(windows: list, now: float) -> list[float]:
+    """When each window of one poll ended, about: the last one now, each earlier
+    one as long before as the later ones lasted (a poll may bring several)."""
+    ends, t = [], now
+    for w in reversed(windows):
+        ends.append(t)
+        t -= w.elapsed_s
+    return ends[::-1]
+
+
+def _why(move: Move | None, shape: tuple[int, int]) -> str:
+    """``": grow"``, ``": shrink for job b"``, ... for a rescale event ("" if the round did not say)."""
+    if move is None or move.shape != shape or move.action in ("keep", "admit", "wait", "unfit"):
+        return ""
+    return f": {move.why}"
 
 
 def _event_kind(text: str) -> str:

@@ -59,18 +59,37 @@ CREATE TABLE IF NOT EXISTS events (
     kind TEXT NOT NULL,
     message TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS rescales (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job TEXT NOT NULL REFERENCES jobs(name),
+    at REAL NOT NULL,
+    step INTEGER NOT NULL,
+    from_ps INTEGER NOT NULL,
+    from_workers INTEGER NOT NULL,
+    to_ps INTEGER NOT NULL,
+    to_workers INTEGER NOT NULL,
+    pause_s REAL NOT NULL,
+    launch_s REAL,
+    ok INTEGER NOT NULL
+);
 CREATE INDEX IF NOT EXISTS allocations_job ON allocations(job, id);
+CREATE INDEX IF NOT EXISTS rescales_job ON rescales(job, id);
 CREATE INDEX IF NOT EXISTS observations_job ON observations(job, id);
 CREATE INDEX IF NOT EXISTS events_job ON events(job, id);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 """
 #: Columns added since the first schema, per table (an older database gains them on open).
 ADDED_COLUMNS = {
-    "jobs": {"info": "TEXT", "desired": "TEXT"},
+    "jobs": {"info": "TEXT", "desired": "TEXT", "progress": "TEXT"},  # progress: the latest Progress, as JSON
     "observations": {
         "batch": "INTEGER NOT NULL DEFAULT 0",  # the global batch (0: the program's)
         "nodes": "INTEGER NOT NULL DEFAULT 1",  # the nodes the job's tasks ran on
         "cross": "REAL",  # the share of PS traffic that crossed nodes (NULL: not measured)
+        # what the dashboard's curves show (NULL in rows written before they were kept)
+        "step": "INTEGER",  # the window's last step
+        "epoch": "INTEGER",
+        "loss": "REAL",  # the window's mean training loss
+        "metric": "REAL",  # the latest evaluation metric when the window was read
     },
 }
 
@@ -97,6 +116,34 @@ class JobRecord:
     updated_at: float
     info: ProgramInfo | None = None
     desired: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One stored progress window of a job: what the dashboard draws over time."""
+
+    at: float
+    step: int | None
+    epoch: int | None
+    num_ps: int
+    num_workers: int
+    samples_per_s: float
+    batch: int  # 0: the program's
+    loss: float | None
+    metric: float | None
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """One applied (or failed) change of a job's shape, as the runtime measured it."""
+
+    at: float
+    step: int
+    from_shape: tuple[int, int]
+    to_shape: tuple[int, int]
+    pause_s: float  # training stood still this long
+    launch_s: float | None  # its new tasks took this long to start (None: it started none)
+    ok: bool
 
 
 class Store:
@@ -188,6 +235,14 @@ class Store:
         """What the scheduler last decided for the job (it may not be applied yet)."""
         self._write("UPDATE jobs SET desired = ? WHERE name = ?", (json.dumps(list(shape)), name))
 
+    def set_progress(self, name: str, progress: dict) -> None:
+        """The job's latest progress (step, epoch, epochs, samples/s, loss, metric), kept after it ends."""
+        self._write("UPDATE jobs SET progress = ? WHERE name = ?", (json.dumps(progress), name))
+
+    def progress(self, name: str) -> dict | None:
+        row = self._db.execute("SELECT progress FROM jobs WHERE name = ?", (name,)).fetchone()
+        return json.loads(row[0]) if row and row[0] else None
+
     def get_job(self, name: str) -> JobRecord:
         row = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE name = ?", (name,)).fetchone()
         if row is None:
@@ -214,7 +269,7 @@ class Store:
         """Remove a job and its history (allocations, observations, events); the name is free again."""
         rec = self.get_job(name)
         with self._transaction() as db:
-            for table in ("allocations", "observations", "events"):
+            for table in ("allocations", "observations", "rescales", "events"):
                 db.execute(f"DELETE FROM {table} WHERE job = ?", (name,))
             db.execute("DELETE FROM jobs WHERE name = ?", (name,))
         return rec
@@ -241,12 +296,42 @@ class Store:
         batch: int = 0,
         nodes: int = 1,
         cross: float | None = None,
+        step: int | None = None,
+        epoch: int | None = None,
+        loss: float | None = None,
+        metric: float | None = None,
     ) -> None:
         self._write(
-            "INSERT INTO observations(job, at, num_ps, num_workers, samples_per_s, batch, nodes, cross)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (name, now, num_ps, num_workers, samples_per_s, batch, nodes, cross),
+            "INSERT INTO observations(job, at, num_ps, num_workers, samples_per_s, batch, nodes, cross,"
+            " step, epoch, loss, metric) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, now, num_ps, num_workers, samples_per_s, batch, nodes, cross, step, epoch, loss, metric),
         )
+
+    def curves(self, name: str) -> list[Curve]:
+        """The job's stored progress windows, oldest first (those kept by :meth:`prune`)."""
+        rows = self._db.execute(
+            "SELECT at, step, epoch, num_ps, num_workers, samples_per_s, batch, loss, metric FROM observations"
+            " WHERE job = ? ORDER BY id",
+            (name,),
+        )
+        return [Curve(*r) for r in rows]
+
+    def record_rescale(self, name: str, now: float, rescale: Rescale) -> None:
+        self._write(
+            "INSERT INTO rescales(job, at, step, from_ps, from_workers, to_ps, to_workers, pause_s, launch_s, ok)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (name, now, rescale.step, *rescale.from_shape, *rescale.to_shape, rescale.pause_s, rescale.launch_s,
+             int(rescale.ok)),
+        )  # fmt: skip
+
+    def rescales(self, name: str) -> list[Rescale]:
+        rows = self._db.execute(
+            "SELECT at, step, from_ps, from_workers, to_ps, to_workers, pause_s, launch_s, ok FROM rescales"
+            " WHERE job = ? ORDER BY id",
+            (name,),
+        )
+        return [Rescale(at, step, (fp, fw), (tp, tw), pause, launch, bool(ok)) for at, step, fp, fw, tp, tw, pause,
+                launch, ok in rows]  # fmt: skip
 
     def observations(self, name: str) -> list[tuple[int, int, float, int, int, float | None]]:
         """``(num_ps, num_workers, samples_per_s, batch, nodes, cross)``, oldest first
@@ -271,6 +356,16 @@ class Store:
                 "SELECT id, at, job, kind, message FROM events WHERE job = ? AND id > ? ORDER BY id", (job, after_id)
             )
         return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    def last_events(self, kinds: tuple[str, ...]) -> dict[str, tuple[float, str, str]]:
+        """Per job, its newest event of one of ``kinds``: ``(at, kind, message)``."""
+        marks = ", ".join("?" * len(kinds))
+        rows = self._db.execute(
+            f"SELECT job, at, kind, message FROM events WHERE id IN (SELECT MAX(id) FROM events"
+            f" WHERE job IS NOT NULL AND kind IN ({marks}) GROUP BY job)",
+            kinds,
+        )
+        return {job: (at, kind, msg) for job, at, kind, msg in rows}
 
     def prune(self, keep: Retention) -> int:
         """Drop the oldest events and each job's oldest observations beyond ``keep``; rows deleted."""
