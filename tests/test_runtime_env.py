@@ -11,7 +11,7 @@ import time
 import pytest
 
 from elasticps import ProgramError
-from elasticps.cli.main import _with_working_dir
+from elasticps.cli.jobs import _with_working_dir
 from elasticps.manager import Store, parse_spec
 from elasticps.manager.service import Manager
 

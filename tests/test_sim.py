@@ -134,7 +134,7 @@ def test_a_workload_that_can_never_fit_is_refused_at_once_not_simulated_for_ever
 
 
 def test_progress_is_one_line_per_tenth_when_not_a_terminal(capsys):
-    from elasticps.cli.main import _progress_printer
+    from elasticps.cli.sim import _progress_printer
 
     progress = _progress_printer("elastic")
     for done in range(101):

@@ -1,0 +1,80 @@
+"""What the command line's modules share: JSON and YAML output, help texts,
+argument types."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from elasticps.manager.workdir import DEFAULT_WORKDIR
+
+POLICIES = ("static", "greedy", "optimus", "elastic")
+
+
+def write_json(path: str | None, data: Any) -> None:
+    text = json.dumps(data, indent=2, default=str)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    print(text)
+
+
+def plain(data: Any) -> Any:
+    """API models as the JSON the API sent (for -o json|yaml)."""
+    if isinstance(data, list):
+        return [plain(x) for x in data]
+    return data.model_dump(mode="json")
+
+
+def dump(data: Any, fmt: str) -> str:
+    if fmt == "yaml":
+        import yaml
+
+        return yaml.safe_dump(data, sort_keys=False).rstrip("\n")
+    return json.dumps(data, indent=2)
+
+
+def task_range(text: str) -> tuple[int, int]:
+    """``"4"`` -> (4, 4); ``"2..8"`` -> (2, 8)."""
+    lo, sep, hi = text.partition("..")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN..MAX, got {text!r}") from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"expected 0 <= MIN <= MAX, got {text!r}")
+    return low, high
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("elasticps")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown"
+
+
+POLICY_HELP = "static: the spec's counts; greedy, optimus: classic managers; elastic (default): see docs/scheduler.md"
+
+
+OBJECTIVE_HELP = (
+    "goodput (default): progress per second (samples/s x statistical efficiency); speed: samples/s; "
+    "efficiency: goodput, growing a job only while it scales well"
+)
+
+
+THRESHOLD_HELP = (
+    "efficiency objective: a job grows only while its relative gain per relative growth in its dominant share "
+    "of the cluster stays at or above this (default 0.75; 1.0 is linear scaling)"
+)
+
+
+PLACEMENT_HELP = "locality (default): fewest PS bytes across nodes; spread, pack, optimus: the classic rules"
+
+
+def default_workdir() -> str:
+    return os.environ.get("ELASTICPS_WORKDIR", DEFAULT_WORKDIR)

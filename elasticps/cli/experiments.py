@@ -1,0 +1,251 @@
+"""``elasticps demo`` and ``elasticps bench``: the published experiment and the benchmarks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from elasticps.cli.common import POLICIES, write_json
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.single_job:
+        from elasticps.demo import single_job
+
+        report = single_job.run(epochs=args.epochs or 30)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        return 0
+
+    from dataclasses import asdict, replace
+
+    from elasticps.demo import experiment
+
+    setup = experiment.Setup()
+    if args.epochs:
+        setup = replace(setup, epochs=tuple(args.epochs * k // 3 for k in (3, 4, 5)))
+    if args.tenant_s is not None:
+        setup = replace(setup, tenant_s=args.tenant_s)
+    if args.lr is not None:
+        if not args.lr > 0:
+            print(f"error: --lr must be above 0, got {args.lr:g}", file=sys.stderr)
+            return 2
+        setup = replace(setup, lr=args.lr)
+    if args.cores_per_cpu is not None:
+        if not args.cores_per_cpu > 0:
+            print(f"error: --cores-per-cpu must be above 0, got {args.cores_per_cpu:g}", file=sys.stderr)
+            return 2
+        setup = replace(setup, cores_per_cpu=args.cores_per_cpu)
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        choices = ", ".join(POLICIES)
+        print(f"error: --policies: unknown {unknown or 'none given'}; choose from {choices}", file=sys.stderr)
+        return 2
+    objectives = tuple(o.strip() for o in (args.objectives or "").split(",") if o.strip())
+    if any(o not in ("goodput", "speed", "efficiency") for o in objectives):
+        print(f"error: --objectives takes goodput, speed, efficiency; got {args.objectives}", file=sys.stderr)
+        return 2
+    if objectives:
+        setup = replace(setup, max_batch_size=args.max_batch)
+        if args.target is not None:
+            if not 0.0 < args.target <= 1.0:
+                print(f"error: --target is an accuracy, 0..1, got {args.target:g}", file=sys.stderr)
+                return 2
+            setup = replace(setup, target_accuracy=args.target)
+    if args.repeats < 1:
+        print(f"error: --repeats must be at least 1, got {args.repeats}", file=sys.stderr)
+        return 2
+    if args.from_json:
+        return _demo_from_json(args)
+    results = experiment.run(setup, policies, objectives=objectives, repeats=args.repeats)
+    print()
+    _demo_outputs(args, results, asdict(setup), setup.target_accuracy if objectives else None)
+    if args.json:
+        figures = {
+            "setup": asdict(setup),
+            "summary": experiment.target_summary(results) if objectives else None,
+            "results": {p: r.to_dict() for p, r in results.items()},
+        }
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        print(f"figures: {args.json}")
+    return 0
+
+
+def _demo_from_json(args: argparse.Namespace) -> int:
+    """``demo --from-json FILE``: the table, the HTML report and ``--plots`` of a saved run."""
+    from elasticps.demo import experiment
+
+    try:
+        saved = json.loads(Path(args.from_json).read_text())
+        results = {k: experiment.ScenarioResult.from_dict(r) for k, r in saved["results"].items()}
+        setup = saved["setup"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"error: --from-json {args.from_json}: not a saved demo run ({exc})", file=sys.stderr)
+        return 2
+    _demo_outputs(args, results, setup, setup.get("target_accuracy") if saved.get("summary") else None)
+    return 0
+
+
+def _demo_outputs(args: argparse.Namespace, results: dict, setup: dict[str, Any], target: float | None) -> None:
+    """What a demo run shows: the table on stdout, the HTML report, and with
+    ``--plots`` its figures as PNG files."""
+    from elasticps.demo import experiment, report
+
+    text = experiment.table(results, target)
+    print(text)
+    plots = Path(args.plots) if args.plots else None
+    print(f"report: {report.write_html(results, Path(args.html), text, setup, plots=plots)}")
+    if plots is not None:
+        print(f"plots: {plots}/")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "runtime":
+        from elasticps.bench import runtime_bench
+
+        write_json(args.json, runtime_bench.run(quick=args.quick))
+        return 0
+    if args.what == "placement":
+        from elasticps.bench import placement_bench
+
+        write_json(args.json, placement_bench.run(steps=args.steps or 20))
+        return 0
+    if args.what == "scheduler":
+        from elasticps.bench import scheduler_bench
+
+        result = scheduler_bench.run(args.jobs, args.nodes, rounds=args.rounds, policy=args.policy)
+        if args.scaling:
+            result["scaling"] = scheduler_bench.scaling(args.policy)
+        write_json(args.json, result)
+        return 0
+    if args.what == "manager":
+        from elasticps.bench import manager_bench
+
+        write_json(args.json, manager_bench.run(ended=args.ended, active=args.active, rounds=args.rounds))
+        return 0
+    if args.what == "chaos":
+        from elasticps.bench import chaos_bench
+
+        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else chaos_bench.FAULTS
+        config = chaos_bench.ChaosConfig(faults=args.faults, seed=args.seed, nodes=args.nodes_ray, kinds=kinds)
+        result = chaos_bench.run(config, say=lambda line: print(line, file=sys.stderr, flush=True))
+        write_json(args.json, result)
+        return 0 if result["invariants_violated"] == 0 else 1
+    if args.what == "shapes":
+        from elasticps.bench import shapes_bench
+
+        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        write_json(args.json, shapes_bench.run(steps=args.steps or 8, say=say))
+        return 0
+    if args.what == "explore":
+        from elasticps.bench import explore_bench
+
+        write_json(args.json, explore_bench.run(args.grid, probes=_int_list(args.probes)))
+        return 0
+    if args.what == "batches":
+        from elasticps.bench import batches_bench
+
+        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        try:
+            result = batches_bench.run(
+                _int_list(args.batches), seeds=args.seeds, target=args.target, lr=args.lr, say=say
+            )
+        except ValueError as exc:
+            raise SystemExit(f"error: bench batches: {exc}") from None
+        write_json(args.json, result)
+        return 0
+    raise SystemExit(f"unknown benchmark {args.what!r}")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"expected comma-separated integers, got {text!r}") from None
+
+
+def add_parsers(sub: Any) -> None:
+    """demo, bench"""
+    demo = sub.add_parser(
+        "demo", help="the published experiment: three jobs, another tenant leaves; static vs elastic (~6 min)"
+    )
+    demo.add_argument("--policies", default="static,elastic", help="comma-separated policies to compare")
+    demo.add_argument(
+        "--objectives",
+        help="instead: run the elastic policy under each of these objectives (goodput,speed,efficiency), "
+        "the jobs' batch adaptive up to --max-batch",
+    )
+    demo.add_argument("--max-batch", type=int, default=512, help="with --objectives: the jobs' largest global batch")
+    demo.add_argument(
+        "--target", type=float, help="with --objectives: the test accuracy time to target is measured to (default 0.98)"
+    )
+    demo.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the list this many times, each time starting one further along it; the table adds medians",
+    )
+    demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
+    demo.add_argument(
+        "--lr", type=float, help="the jobs' SGD learning rate at batch 128 (default 0.05; lower: longer to the target)"
+    )
+    demo.add_argument(
+        "--tenant-s", type=float, help="the other tenant leaves this long after every job ran (default 15)"
+    )
+    demo.add_argument(
+        "--cores-per-cpu",
+        type=float,
+        help="the real cores each modelled CPU is held to (default 0.0625: the 12-CPU cluster in 0.75 cores)",
+    )
+    demo.add_argument("--html", default="out/demo/report.html", help="where to write the HTML report")
+    demo.add_argument("--json", help="write the figures (and timelines) here")
+    demo.add_argument("--plots", help="also write the report's plots as PNG files into this directory")
+    demo.add_argument(
+        "--from-json",
+        help="instead of running: the table, report and --plots from what an earlier run saved with --json",
+    )
+    demo.add_argument(
+        "--single-job", action="store_true", help="instead: one digits job rescaled by hand, 1x1 -> 2x3 -> 1x2"
+    )
+    demo.set_defaults(func=cmd_demo)
+    bench = sub.add_parser("bench", help="run a benchmark and print JSON")
+    bench.add_argument(
+        "what",
+        choices=["runtime", "scheduler", "manager", "placement", "chaos", "shapes", "explore", "batches"],
+        help="runtime: throughput and rescale pauses; scheduler: decision time; manager: a live round's time "
+        "with many ended jobs stored; placement: cross-node bytes; "
+        "chaos: faults vs invariants; shapes: a real job's speed grid; explore: the probe walk on that grid; "
+        "batches: epochs to a target accuracy at each fixed global batch (what a bigger batch costs)",
+    )
+    bench.add_argument(
+        "--steps", type=int, default=None, help="placement: steps per job (20); shapes: steps timed per shape (8)"
+    )
+    bench.add_argument("--quick", action="store_true", help="runtime: fewer repetitions")
+    bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
+    bench.add_argument("--nodes", type=int, default=256, help="scheduler: number of nodes")
+    bench.add_argument("--rounds", type=int, default=21, help="scheduler: decisions timed; manager: rounds timed")
+    bench.add_argument("--ended", type=int, default=2000, help="manager: ended jobs in the store")
+    bench.add_argument("--active", type=int, default=20, help="manager: active jobs")
+    bench.add_argument("--policy", default="elastic", help="scheduler: policy to time")
+    bench.add_argument("--scaling", action="store_true", help="scheduler: also time a grid of sizes")
+    bench.add_argument("--faults", type=int, default=50, help="chaos: faults to inject")
+    bench.add_argument("--seed", type=int, default=0, help="chaos: seed of the fault sequence")
+    bench.add_argument("--nodes-ray", type=int, default=3, help="chaos: Ray nodes (raylets) to start here")
+    bench.add_argument("--kinds", help="chaos: comma-separated fault kinds (default: all)")
+    bench.add_argument(
+        "--grid", default="docs/results/bench-shapes.json", help="explore: a measured grid from 'bench shapes'"
+    )
+    bench.add_argument("--probes", default="3,5,8", help="explore: report the choice after this many probes")
+    bench.add_argument("--batches", default="128,256,512", help="batches: the global batches to train at")
+    bench.add_argument("--seeds", type=int, default=3, help="batches: seeds (data order and init) per batch")
+    bench.add_argument("--target", type=float, default=0.98, help="batches: the held-out accuracy to reach")
+    bench.add_argument("--lr", type=float, default=0.02, help="batches: learning rate at batch 128 (sqrt-scaled)")
+    bench.add_argument(
+        "--json", nargs="?", const="", default="", help="also write the JSON to this path (it is always printed)"
+    )
+    bench.set_defaults(func=cmd_bench)

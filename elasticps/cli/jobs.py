@@ -1,0 +1,194 @@
+"""The client commands: submit, status, describe, cancel, scale, retry, delete, logs, events."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from elasticps.cli.common import dump, plain, task_range
+from elasticps.tables import format_table
+
+
+def _bar(done: float, total: float, width: int = 20) -> str:
+    frac = min(1.0, done / total) if total else 0.0
+    return "[" + "#" * round(frac * width) + "." * (width - round(frac * width)) + "]"
+
+
+def _status_table(jobs: list[Any]) -> str:
+    rows = []
+    for j in jobs:
+        alloc, prog = j.allocation, j.progress
+        rate, metric = (prog.samples_per_s, prog.metric) if prog else (None, None)
+        epochs = prog.epochs if prog else None
+        rows.append(
+            [
+                j.name,
+                j.state,
+                f"{alloc.num_ps}x{alloc.num_workers}" if alloc else "-x-",
+                f"{_bar(prog.epoch, epochs)} {prog.epoch}/{epochs}" if prog and epochs else "-",
+                f"{rate:.0f}" if rate else "-",
+                f"{metric:.4f}" if metric is not None else "-",
+            ]
+        )
+    return format_table(rows, ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC"])
+
+
+def _watch_status(client: Any, every_s: float) -> int:
+    """Redraw the status table every ``every_s`` until every job has ended (or Ctrl-C)."""
+    import time
+
+    try:
+        while True:
+            jobs = client.jobs()
+            stamp = time.strftime("%H:%M:%S")
+            print("\033[H\033[J" + f"elasticps status  {stamp}  (Ctrl-C to stop)\n\n" + _status_table(jobs), flush=True)
+            if jobs and all(j.state in ("finished", "failed", "cancelled") for j in jobs):
+                return 0
+            time.sleep(every_s)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _wait(client: Any, name: str) -> int:
+    """Stream the job's log until it ends; 0 if it finished, 1 if it failed or was cancelled."""
+    _print_logs(client, name, follow=True)
+    state = client.job(name).state
+    print(f"{name}: {state}", flush=True)
+    return 0 if state == "finished" else 1
+
+
+def _print_logs(client: Any, name: str, follow: bool) -> None:
+    for line in client.logs(name, follow=follow):
+        step = f"step {line.step:6d}" if line.step is not None else "event      "
+        print(f"{step}  {line.text}", flush=True)
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from elasticps.manager.client import Client, ManagerError
+    from elasticps.manager.workdir import client_token
+
+    client = Client(args.url, token=client_token(args.token, args.workdir))
+    try:
+        if args.command == "submit":
+            try:
+                text = Path(args.spec).read_text()
+            except OSError as exc:
+                raise SystemExit(f"error: cannot read the job spec {args.spec}: {exc.strerror}") from None
+            json_body = args.spec.endswith(".json")
+            if args.working_dir:
+                text, json_body = _with_working_dir(text, args.working_dir), True
+            job = client.submit(text, json_body=json_body)
+            print(f"submitted {job.name} ({job.state})", flush=True)
+            if args.wait:
+                return _wait(client, job.name)
+        elif args.command == "status":
+            if args.watch:
+                return _watch_status(client, args.watch)
+            jobs = client.jobs()
+            print(_status_table(jobs) if args.output == "table" else dump(plain(jobs), args.output))
+        elif args.command == "describe":
+            print(dump(plain(client.job(args.name)), "json" if args.output == "table" else args.output))
+        elif args.command == "cancel":
+            print(f"{args.name}: {client.cancel(args.name).state}")
+        elif args.command == "scale":
+            if args.ps is None and args.workers is None:
+                raise SystemExit("error: scale: give --ps and/or --workers")
+            spec = client.scale(args.name, ps=args.ps, workers=args.workers).spec
+            print(f"{args.name}: ps {spec.ps.min}..{spec.ps.max}, workers {spec.workers.min}..{spec.workers.max}")
+        elif args.command == "retry":
+            print(f"{args.name}: {client.retry(args.name).state}")
+        elif args.command == "delete":
+            client.delete(args.name)
+            print(f"{args.name}: deleted")
+        elif args.command == "logs":
+            if args.output != "table":
+                print(dump(plain(list(client.logs(args.name))), args.output))
+            else:
+                _print_logs(client, args.name, args.follow)
+        elif args.command == "events":
+            events = client.events(args.name)
+            if args.output != "table":
+                print(dump(plain(events), args.output))
+            for e in events if args.output == "table" else []:
+                print(f"{e.id:5d} {e.job or '-':12s} {e.kind:10s} {e.message}")
+    except ManagerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _with_working_dir(text: str, directory: str) -> str:
+    """The spec (YAML or JSON) with ``runtime_env.working_dir`` set to ``directory``
+    (made absolute: the manager, on this machine, uploads it to the Ray cluster)."""
+    from elasticps.errors import ConfigError
+    from elasticps.manager.spec import load_document
+
+    path = Path(directory).resolve()
+    if not path.is_dir():
+        raise SystemExit(f"error: --working-dir {directory}: not a directory")
+    try:
+        data = load_document(text, "yaml")  # YAML reads JSON too
+    except ConfigError as exc:
+        raise SystemExit(f"error: the job spec: {exc}") from None
+    if not isinstance(data, dict):
+        raise SystemExit("error: the job spec must be a mapping")
+    env = data.get("runtime_env") or {}
+    if not isinstance(env, dict):
+        raise SystemExit("error: the job spec's runtime_env must be a mapping")
+    data["runtime_env"] = {**env, "working_dir": str(path)}
+    return json.dumps(data)
+
+
+def add_parsers(sub: Any) -> None:
+    """the client commands"""
+    for name, helptext in [
+        ("submit", "submit a job spec (YAML or JSON)"),
+        ("status", "list jobs"),
+        ("describe", "one job in full"),
+        ("cancel", "cancel a job (final)"),
+        ("scale", "change a job's PS and worker limits; the scheduler picks the shape within them"),
+        ("retry", "queue a failed job again (it resumes from its latest checkpoint)"),
+        ("delete", "forget an ended job (record, history, checkpoints); its name can be used again"),
+        ("logs", "a job's progress log (windows, epochs, events)"),
+        ("events", "events"),
+    ]:
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("--url", help="manager URL (default $ELASTICPS_URL or http://127.0.0.1:8470)")
+        c.add_argument("--token", help="bearer token (default $ELASTICPS_TOKEN, else the workdir's token file)")
+        c.add_argument(
+            "--workdir",
+            help="the manager's workdir, to read its token file (default $ELASTICPS_WORKDIR or elasticps-state)",
+        )
+        if name == "submit":
+            c.add_argument("spec", help="a job spec file (.yaml, .yml or .json)")
+            c.add_argument(
+                "--wait", action="store_true", help="stream the job's log until it ends; exit 0 if it finished, else 1"
+            )
+            c.add_argument(
+                "--working-dir",
+                help="ship this directory's code with the job (sets runtime_env.working_dir; read by the manager, "
+                "so a path on the manager's machine)",
+            )
+        elif name in ("describe", "cancel", "retry", "logs", "scale", "delete"):
+            c.add_argument("name", help="the job's name")
+        if name in ("status", "describe", "logs", "events"):
+            c.add_argument(
+                "-o",
+                "--output",
+                choices=["table", "json", "yaml"],
+                default="table",
+                help="output format (default table)",
+            )
+        if name == "scale":
+            c.add_argument("--ps", type=task_range, help="PS limits: N (exactly N) or MIN..MAX")
+            c.add_argument("--workers", type=task_range, help="worker limits: N (exactly N) or MIN..MAX")
+        if name == "logs":
+            c.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+        if name == "status":
+            c.add_argument("--watch", type=float, nargs="?", const=2.0, help="redraw every N seconds (default 2)")
+        elif name == "events":
+            c.add_argument("name", nargs="?", help="only this job's events (default: all)")
+        c.set_defaults(func=cmd_client)

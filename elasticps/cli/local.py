@@ -1,0 +1,108 @@
+"""``elasticps train`` (one program at a fixed shape, here) and ``elasticps export`` (a trained model)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from elasticps.cli.common import default_workdir
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from elasticps.cli.export import export_job
+
+    code_paths: list[str] = []
+    if args.program:  # a job trained with `elasticps train`
+        if not args.checkpoint_dir or args.name:
+            raise SystemExit("error: export --program needs --checkpoint-dir and no job name")
+        program, program_args, directory = args.program, {}, Path(args.checkpoint_dir)
+    else:  # a job of the manager whose workdir this is
+        from elasticps.manager.store import Store
+
+        if not args.name:
+            raise SystemExit("error: export: give a job name (or --program and --checkpoint-dir)")
+        workdir = Path(args.workdir)
+        if not (workdir / "manager.db").exists():
+            raise SystemExit(f"error: no manager database in {workdir} (--workdir)")
+        store = Store(workdir / "manager.db")
+        try:
+            spec = store.get_job(args.name).spec
+        except KeyError:
+            raise SystemExit(f"error: no job {args.name!r} in {workdir}") from None
+        finally:
+            store.close()
+        if spec.runtime_env and spec.runtime_env.working_dir and Path(spec.runtime_env.working_dir).is_dir():
+            code_paths.append(spec.runtime_env.working_dir)  # shipped code: imported from where it was shipped
+        from elasticps.manager.workdir import job_dir
+
+        program, program_args = spec.program, dict(spec.args)
+        directory = job_dir(workdir, args.name) / "checkpoints"
+    # the job's code runs in a child process; only tensors come back (elasticps.cli.export)
+    info = export_job(program, program_args, directory, Path(args.out), code_paths)
+    print(
+        f"wrote {args.out}: {info['name']}, step {info['step']}, epoch {info['epoch']}, {info['parameters']} parameters"
+    )
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from elasticps import JobConfig, JobController, load_program
+    from elasticps.raycluster import ensure_ray
+
+    ensure_ray(args.ray_address, num_cpus=args.num_cpus)
+    program = load_program(args.program)
+    config = JobConfig(mode=args.mode, checkpoint_dir=args.checkpoint_dir, report_interval_s=args.report_interval_s)
+    job = JobController(
+        program,
+        config,
+        args.ps,
+        args.workers,
+        on_window=lambda w: print(
+            f"step {w.last_step} P={w.num_ps} W={w.num_workers} {w.samples_per_s:.0f} samples/s loss {w.loss:.4f}",
+            flush=True,
+        ),
+        on_epoch=lambda e: print(f"epoch {e.epoch} done at step {e.step} metric {e.metric}", flush=True),
+    )
+    try:
+        job.start()
+        for line in job.report().events:
+            print(line, flush=True)
+        print(f"running {args.ps} PS x {args.workers} workers: {job.placement()}", flush=True)
+        report = job.run(max_steps=args.max_steps)
+    finally:
+        job.shutdown()
+    print(f"{report.state} at step {report.step}", flush=True)
+    return 0 if report.state in ("finished", "stopped", "running") else 1
+
+
+def add_parsers(sub: Any) -> None:
+    """export, train"""
+    export = sub.add_parser("export", help="write a job's trained model (state_dict) from its latest checkpoint")
+    export.add_argument("name", nargs="?", help="a job of the manager in --workdir")
+    export.add_argument("--out", required=True, help="where to torch.save the state_dict (e.g. model.pt)")
+    export.add_argument(
+        "--workdir",
+        default=default_workdir(),
+        help="the manager's workdir (default $ELASTICPS_WORKDIR or elasticps-state)",
+    )
+    export.add_argument("--program", help="instead of a job name: the program of an `elasticps train` run ...")
+    export.add_argument("--checkpoint-dir", help="... and its --checkpoint-dir")
+    export.set_defaults(func=cmd_export)
+    train = sub.add_parser("train", help="train one program at a fixed shape (resumes from --checkpoint-dir)")
+    train.add_argument(
+        "program",
+        help="package.module:attr naming a TrainingProgram, a factory of one, or a training function "
+        "that uses elasticps.torch (your own loop; told apart by what calling it does, docs/user-loop.md)",
+    )
+    train.add_argument("--ps", type=int, default=1, help="parameter-server shards (default 1)")
+    train.add_argument("--workers", type=int, default=1, help="workers (default 1)")
+    train.add_argument(
+        "--mode", choices=["sync", "async"], default="sync", help="sync: exact at any shape; async: no barrier"
+    )
+    train.add_argument("--checkpoint-dir", help="write checkpoints here, and resume from the newest one there")
+    train.add_argument("--max-steps", type=int, help="stop after this many steps (default: train to the end)")
+    train.add_argument("--report-interval-s", type=float, default=5.0, help="seconds per progress line (default 5)")
+    train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    train.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
+    train.set_defaults(func=cmd_train)
