@@ -67,6 +67,14 @@ def test_symlinks_are_followed_before_the_check(tree):
     (tree / "home" / "code" / "pkg" / "secrets").symlink_to(tree / "home" / "state")
     with pytest.raises(ConfigError, match="holds a link 'pkg/secrets' that leads out"):
         check(tree, working_dir=str(tree / "home" / "code"))
+    (tree / "home" / "code" / "pkg" / "secrets").unlink()
+    (tree / "home" / "code" / ".venv").mkdir()  # a virtualenv's python links out, but git ignores it: not shipped
+    (tree / "home" / "code" / ".venv" / "python").symlink_to("/usr/bin/env")
+    (tree / "home" / "code" / ".gitignore").write_text(".venv/\n")
+    check(tree, working_dir=str(tree / "home" / "code"))
+    (tree / "home" / "code" / "loop").symlink_to(tree / "home" / "code")
+    with pytest.raises(ConfigError, match="holds a link 'loop' to a directory above it"):
+        check(tree, working_dir=str(tree / "home" / "code"))
     (tree / "home" / "link").symlink_to(tree / "outside")  # a link that is itself the shipped path
     with pytest.raises(ConfigError, match="is not under a directory"):
         check(tree, working_dir=str(tree / "home" / "link"))

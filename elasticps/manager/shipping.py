@@ -6,8 +6,9 @@ to ship ``/etc`` or the manager's own workdir (its tokens and database). A
 path is shipped only if, once its symlinks and ``..`` are resolved, it lies
 under one of the operator's roots (``elasticps server --ship-roots``; by
 default the home directory of the user the manager runs as), neither is nor
-holds the manager's workdir, and no symlink inside it leads out of the roots
-or into the workdir (Ray's packager follows links).
+holds the manager's workdir, and no symlink among the files Ray would ship
+leads out of the roots or into the workdir (Ray's packager follows links;
+what ``.gitignore`` excludes is not shipped, so not checked).
 
 A path outside the roots gets the same answer whether it exists or not, so the
 answer tells nothing about the manager's machine. Remote URIs (``s3://``,
@@ -17,12 +18,14 @@ a local path in disguise and is refused.
 
 from __future__ import annotations
 
-import os
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from elasticps.errors import ConfigError
 from elasticps.manager.spec import RuntimeEnvSpec
+
+log = logging.getLogger("elasticps.manager")
 
 #: Entries a shipped directory may hold (Ray's own limit on a package is its size).
 MAX_SHIPPED_ENTRIES = 100_000
@@ -71,18 +74,29 @@ class ShipPolicy:
             self._check_links(real, refuse)
 
     def _check_links(self, top: Path, refuse) -> None:  # type: ignore[no-untyped-def]
+        """Every symlink among the files Ray would ship (it walks the tree as here,
+        skipping what ``.gitignore`` and ``.rayignore`` exclude, following links)."""
+        from ray._private.runtime_env.packaging import _dir_travel
+
         seen = 0
-        for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-            for name in dirnames + filenames:
-                seen += 1
-                if seen > MAX_SHIPPED_ENTRIES:
-                    raise refuse(f"holds more than {MAX_SHIPPED_ENTRIES} files and directories")
-                entry = Path(dirpath, name)
-                if entry.is_symlink():
-                    target = entry.resolve()
-                    if not self._under_roots(target) or self._touches_workdir(target):
-                        rel = entry.relative_to(top)
-                        raise refuse(f"holds a link {str(rel)[:200]!r} that leads out of the directories it may ship")
+
+        def visit(entry: Path) -> None:
+            nonlocal seen
+            seen += 1
+            if seen > MAX_SHIPPED_ENTRIES:
+                raise refuse(f"holds more than {MAX_SHIPPED_ENTRIES} files and directories")
+            if entry.is_symlink():
+                target, rel = entry.resolve(), str(entry.relative_to(top))[:200]
+                if not self._under_roots(target) or self._touches_workdir(target):
+                    raise refuse(f"holds a link {rel!r} that leads out of the directories it may ship")
+                here = entry.parent.resolve()
+                if target == here or target in here.parents:  # Ray's packager would walk it for ever
+                    raise refuse(f"holds a link {rel!r} to a directory above it")
+
+        try:
+            _dir_travel(top, [], visit, include_gitignore=True, logger=log)
+        except OSError as exc:
+            raise refuse(f"could not be read: {exc.strerror or exc}") from None
 
     def _under_roots(self, real: Path) -> bool:
         return any(real == root or root in real.parents for root in self.roots)
