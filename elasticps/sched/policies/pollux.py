@@ -16,12 +16,10 @@ paper as a peer baseline. What is implemented and how: docs/pollux.md.
   ``(mean_j (SPEEDUP_j + 1e-3)^p)^(1/p)``.
 - **Search**: a genetic algorithm over allocation matrices (jobs x nodes, units
   of each job on each node), seeded with the current allocation, the last
-  round's population and every job at its minimum packed in order; mutation
-  (reset a job to its current allocation, zero some of its entries, raise
-  entries where the node has room), single-point crossover over jobs, repair
-  (at most one distributed job per node, a job's maximum, node capacity in job
-  order, at least the job's minimum or nothing),
-  elitist selection.
+  round's population and every job at its minimum packed in order; mutation,
+  single-point crossover over jobs, repair, elitist selection
+  (:mod:`~elasticps.sched.policies.pollux_search`, which holds each matrix
+  sparse: a job on at most a few nodes that can hold it).
 
 Pure: numpy with a seeded generator, no clock; same input, same decision.
 """
@@ -36,6 +34,7 @@ import numpy as np
 from elasticps.errors import ConfigError
 from elasticps.sched.objectives import Objective, utility
 from elasticps.sched.policies.base import PolicyState, admission_order, admit
+from elasticps.sched.policies.pollux_search import Pop, SlotSearch
 from elasticps.sched.types import ClusterView, Decision, JobView, Resources, total_of
 
 #: Added to each speedup in the power mean (a job at 0 would make it 0 for p < 0).
@@ -49,7 +48,7 @@ class PolluxState(PolicyState):
     """Restarts per job, and the last round's population (job ids, node names, units)."""
 
     restarts: dict[str, int] = field(default_factory=dict)
-    population: tuple[tuple[str, ...], tuple[str, ...], np.ndarray] | None = field(default=None, compare=False)
+    population: tuple[tuple[str, ...], tuple[str, ...], Pop] | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -99,13 +98,15 @@ class PolluxPolicy:
         avail = np.array([[_get(n.available, d) for d in dims] for n in nodes], dtype=np.float64)
         agents = _agents(order, dims, avail.sum(0))
         speedup = _Fitness(order, agents, avail.sum(0), prev.restarts, self.rescale_cost_s, self.p)
-        search = _Search(agents, avail, np.random.default_rng(self.seed), self.interference_avoidance)
+        rng = np.random.default_rng(self.seed)
+        search = SlotSearch(agents.unit, agents.min_units, agents.max_units, avail, rng, self.interference_avoidance)
+        job_ids, node_names = [j.id for j in order], [n.name for n in nodes]
         base = search.layout(np.array([_units_of(j, j.current, agents.unit[i], dims) for i, j in enumerate(order)]))
-        pop = search.seed_population(base, prev.population, [j.id for j in order], [n.name for n in nodes])
-        pop = np.concatenate([pop, search.layout(agents.min_units)[None]])  # every job at its minimum, in order
-        pop = search.evolve(pop, base, speedup, self.population, self.generations)
-        best = pop[int(np.argmax(speedup(pop)))]
-        units = np.minimum(best.sum(1), agents.max_units)
+        seeds = [base, search.layout(agents.min_units)]  # now, and every job at its minimum in order
+        if prev.population is not None and (last := search.mapped(prev.population, job_ids, node_names)) is not None:
+            seeds.insert(1, last)
+        pop = search.evolve(Pop.concat(seeds), base, speedup, self.population, self.generations)
+        units = search.per_job(pop.take(slice(0, 1)))[0]
         decision: Decision = {}
         restarts = {j.id: prev.restarts.get(j.id, 0) for j in order}
         for i, job in enumerate(order):
@@ -122,7 +123,7 @@ class PolluxPolicy:
         )
         extra, _ = admit([j for j in order if j.id not in decision], left)
         decision.update(extra)
-        population = (tuple(j.id for j in order), tuple(n.name for n in nodes), pop)
+        population = (tuple(job_ids), tuple(node_names), pop)
         return decision, PolluxState(restarts=restarts, population=population)
 
 
@@ -215,114 +216,8 @@ class _Fitness:
         )
         self.rows = rows
 
-    def __call__(self, pop: np.ndarray) -> np.ndarray:
-        units = np.minimum(pop.sum(2), self.agents.max_units)  # (P, J)
+    def __call__(self, units: np.ndarray) -> np.ndarray:
+        """Fitness of each row of units per job (P, J)."""
         speedup = self.agents.goodput[self.rows, units] / self.base
         speedup = np.where(self.agents.change[self.rows, units], speedup * self.factor, speedup)
         return np.mean((speedup + SPEEDUP_FLOOR) ** self.p, axis=1) ** (1.0 / self.p)
-
-
-class _Search:
-    """The genetic search over allocation matrices (population x jobs x nodes)."""
-
-    def __init__(self, agents: _Agents, avail: np.ndarray, rng: np.random.Generator, interference: bool) -> None:
-        self.agents, self.avail, self.rng, self.interference = agents, avail, rng, interference
-        unit = agents.unit[:, None, :]  # (J, 1, D)
-        with np.errstate(divide="ignore"):
-            per_node = np.where(unit > 0, avail[None, :, :] / np.where(unit > 0, unit, 1), np.inf)
-        self.node_cap = np.minimum(np.floor(per_node.min(2) + 1e-9), agents.max_units[:, None]).astype(np.int64)
-
-    def layout(self, units: np.ndarray) -> np.ndarray:
-        """The current allocation as a matrix: each running job's units on the
-        nodes with most room for it first, in job order (the policy does not
-        see placement)."""
-        x = np.zeros(self.node_cap.shape, dtype=np.int64)
-        free = self.avail.copy()
-        for i, want in enumerate(units):
-            unit = self.agents.unit[i]
-            for n in np.argsort(-self.node_cap[i], kind="stable"):
-                if want <= 0:
-                    break
-                fits = int(np.floor(np.min(free[n][unit > 0] / unit[unit > 0]) + 1e-9))
-                take = min(int(want), max(fits, 0))
-                x[i, n] += take
-                free[n] -= take * unit
-                want -= take
-        return self.repair(x[None])[0]
-
-    def seed_population(self, base: np.ndarray, prev, job_ids: list[str], node_names: list[str]) -> np.ndarray:
-        """The current allocation, and the last round's population mapped onto this round's jobs and nodes."""
-        out = [base]
-        if prev is not None:
-            old_jobs, old_nodes, old = prev
-            jpos = {j: k for k, j in enumerate(old_jobs)}
-            npos = {n: k for k, n in enumerate(old_nodes)}
-            rows = [(i, jpos[j]) for i, j in enumerate(job_ids) if j in jpos]
-            cols = [(k, npos[n]) for k, n in enumerate(node_names) if n in npos]
-            if rows and cols:
-                mapped = np.zeros((len(old), *base.shape), dtype=np.int64)
-                ri, ro = (np.array(a) for a in zip(*rows, strict=True))
-                ci, co = (np.array(a) for a in zip(*cols, strict=True))
-                mapped[:, ri[:, None], ci[None, :]] = old[:, ro[:, None], co[None, :]]
-                out.extend(self.repair(mapped))
-        return np.stack(out)
-
-    def evolve(self, pop: np.ndarray, base: np.ndarray, fitness, size: int, generations: int) -> np.ndarray:
-        while len(pop) < size:  # fill with mutants of what there is
-            pop = np.concatenate([pop, self.repair(self.mutate(pop[: size - len(pop)].copy(), base))])
-        for _ in range(generations):
-            pairs = self.rng.permutation(len(pop))
-            a, b = pop[pairs[0::2]], pop[pairs[1::2]][: len(pairs[0::2])]
-            a = a[: len(b)]
-            children = self.repair(self.mutate(self.crossover(a, b), base))
-            pool = np.concatenate([pop, children])
-            pop = pool[np.argsort(-fitness(pool), kind="stable")[:size]]
-        return pop
-
-    def crossover(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Single point over jobs: the jobs before it from one parent, the rest from the other."""
-        jobs = a.shape[1]
-        point = self.rng.integers(0, jobs, size=(len(a), 1, 1))
-        first = np.arange(jobs)[None, :, None] < point
-        return np.concatenate([np.where(first, a, b), np.where(first, b, a)])
-
-    def mutate(self, pop: np.ndarray, base: np.ndarray) -> np.ndarray:
-        size, jobs, _ = pop.shape
-        reset = self.rng.random((size, jobs, 1)) < 0.1  # a job back to its current allocation
-        pop = np.where(reset, base[None], pop)
-        some = self.rng.random((size, jobs, 1)) < 0.1  # some of a job's entries zeroed
-        pop = np.where(some & (self.rng.random(pop.shape) < 0.1), 0, pop)
-        free = self.avail[None] - np.einsum("pjn,jd->pnd", pop, self.agents.unit)  # (P, N, D)
-        room = np.all(self.agents.unit[None, :, None, :] <= free[:, None, :, :] + 1e-9, axis=-1)  # (P, J, N)
-        p1 = room / np.maximum(room.sum(2, keepdims=True), 1)
-        held = room & (pop > 0)
-        p2 = held / np.maximum(held.sum(2, keepdims=True), 1)
-        grow = self.rng.random(pop.shape) < p1 + p2 - p1 * p2
-        high = np.maximum(self.node_cap[None], pop) + 1
-        value = self.rng.integers(pop, high)
-        return np.where(grow, value, pop)
-
-    def repair(self, pop: np.ndarray) -> np.ndarray:
-        pop = pop.copy()
-        if self.interference:  # at most one job spread over several nodes on any node
-            spread = (np.count_nonzero(pop, axis=2) > 1)[:, :, None] & (pop > 0)
-            pop[(np.cumsum(spread, axis=1) > 1) & spread] = 0
-        # a job's maximum: units kept node by node in a random order
-        perm = self.rng.permutation(pop.shape[2])
-        kept = np.minimum(np.cumsum(pop[:, :, perm], axis=2), self.agents.max_units[None, :, None])
-        pop[:, :, perm] = np.diff(kept, axis=2, prepend=0)
-        # node capacity, earlier jobs first
-        unit = self.agents.unit  # (J, D)
-        allowed = np.full(pop.shape, np.iinfo(np.int64).max, dtype=np.int64)
-        for d in range(unit.shape[1]):
-            if not unit[:, d].any():
-                continue
-            used = np.minimum(np.cumsum(pop * unit[None, :, None, d], axis=1), self.avail[None, None, :, d])
-            got = np.diff(used, axis=1, prepend=0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                k = np.where(unit[None, :, None, d] > 0, np.floor(got / unit[None, :, None, d] + 1e-9), allowed)
-            allowed = np.minimum(allowed, k.astype(np.int64))
-        pop = np.minimum(pop, allowed)
-        # at least the minimum, or nothing
-        pop[pop.sum(2) < self.agents.min_units[None, :]] = 0
-        return pop
