@@ -53,3 +53,15 @@ def test_bad_targets_and_thresholds_are_refused_before_any_work(capsys):
     assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
     assert main(["sim", "--jobs", "5", "--nodes", "2", "--quiet", "--efficiency-threshold", "-1"]) != 0
     assert capsys.readouterr().err.strip() == "error: efficiency threshold must be above 0, got -1"
+
+
+def test_a_server_option_its_policy_lacks_is_refused_before_ray_starts(tmp_path):
+    args = ["server", "--workdir", str(tmp_path), "--policy", "static", "--rescale-cost-s", "5"]
+    done = subprocess.run(
+        [sys.executable, "-m", "elasticps", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == "error: policy 'static' has no option 'rescale_cost_s' (its options: none)"

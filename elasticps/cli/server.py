@@ -66,11 +66,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     from elasticps.manager.api import LOOPBACK_HOSTS, create_app
     from elasticps.manager.service import Manager
     from elasticps.raycluster import ensure_ray
+    from elasticps.sched import make_policy
 
-    ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     options: dict[str, float] = {"rescale_cost_s": args.rescale_cost_s} if args.rescale_cost_s is not None else {}
     if args.efficiency_threshold is not None:
         options["efficiency_threshold"] = args.efficiency_threshold
+    make_policy(args.policy, objective=args.objective, **options)  # an option it lacks: refused before Ray starts
+    ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
         Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options,
