@@ -9,7 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from elasticps.cli.common import dump, plain, task_range
+from elasticps.cli.readable import describe_text, event_line
 from elasticps.tables import format_table
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a count, 0 or more, got {text!r}")
+    return n
 
 
 def _bar(done: float, total: float, width: int = 20) -> str:
@@ -36,13 +47,13 @@ def _status_table(jobs: list[Any]) -> str:
     return format_table(rows, ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC"])
 
 
-def _watch_status(client: Any, every_s: float) -> int:
+def _watch_status(client: Any, every_s: float, args: argparse.Namespace) -> int:
     """Redraw the status table every ``every_s`` until every job has ended (or Ctrl-C)."""
     import time
 
     try:
         while True:
-            jobs = client.jobs()
+            jobs = [j for j in client.jobs() if _shown(j.state, args)]
             stamp = time.strftime("%H:%M:%S")
             print("\033[H\033[J" + f"elasticps status  {stamp}  (Ctrl-C to stop)\n\n" + _status_table(jobs), flush=True)
             if jobs and all(j.state in ("finished", "failed", "cancelled") for j in jobs):
@@ -86,11 +97,15 @@ def cmd_client(args: argparse.Namespace) -> int:
                 return _wait(client, job.name)
         elif args.command == "status":
             if args.watch:
-                return _watch_status(client, args.watch)
-            jobs = client.jobs()
+                return _watch_status(client, args.watch, args)
+            jobs = [j for j in client.jobs() if _shown(j.state, args)]
             print(_status_table(jobs) if args.output == "table" else dump(plain(jobs), args.output))
         elif args.command == "describe":
-            print(dump(plain(client.job(args.name)), "json" if args.output == "table" else args.output))
+            job = client.job(args.name)
+            if args.output == "table":
+                print(describe_text(client.detail(args.name), job.spec.model_dump(mode="json")))
+            else:
+                print(dump(plain(job), args.output))
         elif args.command == "cancel":
             print(f"{args.name}: {client.cancel(args.name).state}")
         elif args.command == "scale":
@@ -108,16 +123,27 @@ def cmd_client(args: argparse.Namespace) -> int:
                 print(dump(plain(list(client.logs(args.name))), args.output))
             else:
                 _print_logs(client, args.name, args.follow)
+                if args.follow:  # it has ended: say how
+                    print(f"{args.name}: {client.job(args.name).state}", flush=True)
         elif args.command == "events":
             events = client.events(args.name)
+            if args.tail is not None:
+                events = events[-args.tail :] if args.tail else []
             if args.output != "table":
                 print(dump(plain(events), args.output))
             for e in events if args.output == "table" else []:
-                print(f"{e.id:5d} {e.job or '-':12s} {e.kind:10s} {e.message}")
+                print(event_line(e.at, e.job, e.kind, e.message))
     except ManagerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _shown(state: str, args: argparse.Namespace) -> bool:
+    """``status --active``: pending and running jobs only; ``--state S``: jobs in S only."""
+    if args.active and state not in ("pending", "running"):
+        return False
+    return args.state is None or state == args.state
 
 
 def _with_working_dir(text: str, directory: str) -> str:
@@ -189,6 +215,11 @@ def add_parsers(sub: Any) -> None:
             c.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
         if name == "status":
             c.add_argument("--watch", type=float, nargs="?", const=2.0, help="redraw every N seconds (default 2)")
+            c.add_argument("--active", action="store_true", help="only pending and running jobs")
+            c.add_argument(
+                "--state", choices=["pending", "running", "finished", "failed", "cancelled"], help="only jobs in it"
+            )
         elif name == "events":
             c.add_argument("name", nargs="?", help="only this job's events (default: all)")
+            c.add_argument("--tail", type=_count, metavar="N", help="only the newest N events")
         c.set_defaults(func=cmd_client)

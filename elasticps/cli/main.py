@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from elasticps.cli import experiments, jobs, local, server, sim
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except ElasticPSError as exc:  # bad input or a failed job: a message, not a traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader left (`| head`): end quietly, and let exit's flush write nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

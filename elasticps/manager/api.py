@@ -119,10 +119,12 @@ def _job_json(rec: JobRecord, manager: Manager) -> JobOut:
     report = manager.ended.get(rec.name) if status is None else None
     if status is not None:
         last = status.windows[-1] if status.windows else None
+        kept = manager.store.progress(rec.name) or {} if last is None else {}  # a poll with no new window
         epochs = rec.info.epochs if rec.info else 0
         out.progress = Progress(
-            step=status.step, epoch=status.epoch, epochs=epochs, samples_per_s=last.samples_per_s if last else None,
-            loss=last.loss if last else None, metric=status.metric,
+            step=status.step, epoch=status.epoch, epochs=epochs,
+            samples_per_s=last.samples_per_s if last else kept.get("samples_per_s"),
+            loss=last.loss if last else kept.get("loss"), metric=status.metric,
         )  # fmt: skip
     elif report is not None:
         last = report.windows[-1] if report.windows else None

@@ -111,6 +111,11 @@ class Client:
     def job(self, name: str) -> JobOut:
         return self._job("GET", f"/jobs/{name}")
 
+    def detail(self, name: str) -> dict[str, Any]:
+        """What the dashboard shows of a job: its row (state, shape, progress, ETA, reason),
+        shapes over time, curves, rescales, events and log tail (``GET /api/jobs/{name}``)."""
+        return self._request("GET", f"/api/jobs/{name}").json()
+
     def events(self, job: str | None = None, after: int = 0) -> list[EventOut]:
         params: dict[str, Any] = {"after": after}
         if job:
