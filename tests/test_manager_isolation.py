@@ -4,6 +4,8 @@ job, go on (the in-memory runtime; no Ray)."""
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 
 import pytest
 
@@ -125,3 +127,28 @@ def test_a_start_the_locked_database_cannot_record_is_released_and_tried_again(e
     monkeypatch.setattr(manager.store, "transition", real)
     assert _run(manager) == {"locked-out": "finished"}
     assert len(runtime.jobs["locked-out"]) == 2
+
+
+def test_the_loop_goes_on_past_a_locked_database_with_one_line_not_a_traceback(env, caplog, monkeypatch):
+    manager, _ = env
+    submit(manager, "later")
+    real, calls = manager.step, []
+
+    def step():
+        calls.append(1)
+        if len(calls) == 1:
+            raise sqlite3.OperationalError("database is locked")
+        return real()
+
+    monkeypatch.setattr(manager, "step", step)
+    stop = threading.Event()
+    loop = threading.Thread(target=manager.run, args=(0.0, stop, 0.01, 0.0))
+    loop.start()
+    deadline = time.monotonic() + 30
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    loop.join(timeout=30)
+    skipped = [r for r in caplog.records if "database cannot be written now (database is locked)" in r.getMessage()]
+    assert len(skipped) == 1 and skipped[0].exc_info is None
+    assert manager.store.get_job("later").state == "running"  # the next round started it

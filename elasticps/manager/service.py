@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sqlite3
 import threading
 import time
 from collections import OrderedDict, deque
@@ -386,6 +387,8 @@ class Manager:
                     last_round = time.monotonic()
                     self.step()
                     settled_at = time.monotonic() + settle_s
+            except sqlite3.OperationalError as exc:  # another process holds the database, or the disk is full
+                log.warning("scheduling round skipped: the database cannot be written now (%s)", exc)
             except Exception:
                 log.exception("scheduling round failed")
             self.wake.wait(watch_s)
