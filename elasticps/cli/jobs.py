@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -79,19 +78,16 @@ def _print_logs(client: Any, name: str, follow: bool) -> None:
 
 def cmd_client(args: argparse.Namespace) -> int:
     from elasticps.manager.client import Client, ManagerError
-    from elasticps.manager.workdir import client_token
 
-    client = Client(args.url, token=client_token(args.token, args.workdir))
+    client = Client(args.url, token=args.token, workdir=args.workdir)
     try:
         if args.command == "submit":
             try:
                 text = Path(args.spec).read_text()
             except OSError as exc:
-                raise SystemExit(f"error: cannot read the job spec {args.spec}: {exc.strerror}") from None
-            json_body = args.spec.endswith(".json")
-            if args.working_dir:
-                text, json_body = _with_working_dir(text, args.working_dir), True
-            job = client.submit(text, json_body=json_body)
+                print(f"error: cannot read the job spec {args.spec}: {exc.strerror}", file=sys.stderr)
+                return 2
+            job = client.submit(text, json_body=args.spec.endswith(".json"), working_dir=args.working_dir)
             print(f"submitted {job.name} ({job.state})", flush=True)
             if args.wait:
                 return _wait(client, job.name)
@@ -134,7 +130,8 @@ def cmd_client(args: argparse.Namespace) -> int:
             for e in events if args.output == "table" else []:
                 print(event_line(e.at, e.job, e.kind, e.message))
     except ManagerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in exc.problems or [str(exc)]:  # a spec's every problem, one a line
+            print(f"error: {line}", file=sys.stderr)
         return 2
     return 0
 
@@ -144,28 +141,6 @@ def _shown(state: str, args: argparse.Namespace) -> bool:
     if args.active and state not in ("pending", "running"):
         return False
     return args.state is None or state == args.state
-
-
-def _with_working_dir(text: str, directory: str) -> str:
-    """The spec (YAML or JSON) with ``runtime_env.working_dir`` set to ``directory``
-    (made absolute: the manager, on this machine, uploads it to the Ray cluster)."""
-    from elasticps.errors import ConfigError
-    from elasticps.manager.spec import load_document
-
-    path = Path(directory).resolve()
-    if not path.is_dir():
-        raise SystemExit(f"error: --working-dir {directory}: not a directory")
-    try:
-        data = load_document(text, "yaml")  # YAML reads JSON too
-    except ConfigError as exc:
-        raise SystemExit(f"error: the job spec: {exc}") from None
-    if not isinstance(data, dict):
-        raise SystemExit("error: the job spec must be a mapping")
-    env = data.get("runtime_env") or {}
-    if not isinstance(env, dict):
-        raise SystemExit("error: the job spec's runtime_env must be a mapping")
-    data["runtime_env"] = {**env, "working_dir": str(path)}
-    return json.dumps(data)
 
 
 def add_parsers(sub: Any) -> None:

@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ElasticPSError as exc:  # bad input or a failed job: a message, not a traceback
-        print(f"error: {exc}", file=sys.stderr)
+        for line in getattr(exc, "problems", None) or [str(exc)]:  # a spec's every problem, one a line
+            print(f"error: {line}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader left (`| head`): end quietly, and let exit's flush write nowhere
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

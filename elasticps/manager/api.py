@@ -42,7 +42,15 @@ from elasticps.manager import dashboard
 from elasticps.manager.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from elasticps.manager.models import Allocation, ErrorOut, EventOut, JobOut, LogLine, Progress
 from elasticps.manager.service import Manager
-from elasticps.manager.spec import MAX_INT, MAX_SPEC_BYTES, JobSpec, LimitsPatch, parse_limits, parse_spec
+from elasticps.manager.spec import (
+    MAX_INT,
+    MAX_SPEC_BYTES,
+    JobSpec,
+    LimitsPatch,
+    SpecError,
+    parse_limits,
+    parse_spec,
+)  # fmt: skip
 from elasticps.manager.states import IllegalTransition, JobInUse
 from elasticps.manager.store import JobRecord
 from elasticps.runtime import JobReport
@@ -69,7 +77,7 @@ def _static(name: str) -> bytes:
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 415, 503)
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 415, 422, 503)
 }
 
 
@@ -192,6 +200,11 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
         where = ".".join(str(p) for p in first["loc"])
         return JSONResponse({"detail": f"field '{where}': {first['msg']}"}, status_code=400)
 
+    @app.exception_handler(SpecError)
+    async def bad_spec(request: Request, exc: SpecError) -> JSONResponse:
+        """422 with every problem: ``detail`` one a line, ``problems`` as a list."""
+        return JSONResponse({"detail": str(exc), "problems": exc.problems}, status_code=422)
+
     def unavailable(detail: str) -> JSONResponse:
         return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
@@ -217,6 +230,8 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
         """Run a manager command; its errors as HTTP errors (a missing job is a 404 when one is named)."""
         try:
             return _job_json(run(), manager)
+        except SpecError:
+            raise  # bad_spec: a 422 listing every problem
         except ElasticPSError as exc:
             raise _http_error(exc, name) from exc
         except KeyError as exc:

@@ -3,8 +3,8 @@
 ```python
 from elasticps.manager.client import Client
 
-client = Client()                                  # $ELASTICPS_URL, $ELASTICPS_TOKEN
-job = client.submit(Path("examples/digits-mlp.yaml"))
+client = Client()                # $ELASTICPS_URL; the token as the CLI finds it ($ELASTICPS_TOKEN, the workdir's file)
+job = client.submit(Path("examples/digits-mlp.yaml"), working_dir="my_project")
 for line in client.logs(job.name, follow=True):    # until the job ends
     print(line.text)
 print(client.wait(job.name).state)                 # "finished"
@@ -13,7 +13,8 @@ print(client.metrics())                            # Prometheus text
 ```
 
 Answers are the API's own pydantic models (:mod:`elasticps.manager.models`);
-an error answer raises :class:`ManagerError` with its status and detail.
+an error answer raises :class:`ManagerError` with its status and detail (a
+spec's 422 lists every problem in ``problems``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import httpx
 
 from elasticps.errors import ElasticPSError
 from elasticps.manager.models import ENDED, EventOut, JobOut, LogLine
-from elasticps.manager.spec import JobSpec
+from elasticps.manager.spec import JobSpec, load_document
+from elasticps.manager.workdir import client_token
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 
@@ -37,14 +39,24 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 class ManagerError(ElasticPSError):
     """The manager answered with an error (or could not be reached)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, problems: list[str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.problems = problems or []
 
 
 class Client:
-    def __init__(self, url: str | None = None, token: str | None = None, timeout_s: float = 30.0) -> None:
-        token = token or os.environ.get("ELASTICPS_TOKEN")
+    """``token``: else ``$ELASTICPS_TOKEN``, else the token file of ``workdir`` (else of
+    ``$ELASTICPS_WORKDIR``, else of ``elasticps-state``): as the CLI finds it."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        workdir: str | Path | None = None,
+    ) -> None:
+        token, self.token_source = client_token(token, workdir)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(
             base_url=url or os.environ.get("ELASTICPS_URL", DEFAULT_URL), headers=headers, timeout=timeout_s
@@ -61,16 +73,27 @@ class Client:
                 if r.headers.get("content-type", "").startswith("application/json")
                 else r.text
             )
-            raise ManagerError(f"{r.status_code}: {detail}", r.status_code)
+            if r.status_code == 401:
+                detail = f"{detail} (token: {self.token_source})"
+            problems = r.json().get("problems") if r.status_code == 422 else None
+            raise ManagerError(f"{r.status_code}: {detail}", r.status_code, problems)
         return r
 
     def _job(self, method: str, path: str, **kw: Any) -> JobOut:
         return JobOut.model_validate(self._request(method, path, **kw).json())
 
     # -- commands
-    def submit(self, spec: JobSpec | Mapping[str, Any] | Path | str, json_body: bool = False) -> JobOut:
+    def submit(
+        self,
+        spec: JobSpec | Mapping[str, Any] | Path | str,
+        json_body: bool = False,
+        working_dir: str | Path | None = None,
+    ) -> JobOut:
         """Submit a job: a :class:`JobSpec`, a dict, a spec file (``Path``;
-        ``.json`` or YAML) or spec text (YAML, or JSON with ``json_body``)."""
+        ``.json`` or YAML) or spec text (YAML, or JSON with ``json_body``).
+        ``working_dir``: ship this directory's code with the job (sets
+        ``runtime_env.working_dir``, made absolute: the manager reads it, so a path
+        on the manager's machine)."""
         if isinstance(spec, JobSpec):
             text, json_body = spec.model_dump_json(exclude_none=True), True
         elif isinstance(spec, Mapping):
@@ -83,6 +106,8 @@ class Client:
             json_body = spec.suffix == ".json"
         else:
             text = spec
+        if working_dir is not None:
+            text, json_body = _with_working_dir(text, Path(working_dir)), True
         ctype = "application/json" if json_body else "application/yaml"
         return self._job("POST", "/jobs", content=text, headers={"Content-Type": ctype})
 
@@ -151,3 +176,19 @@ class Client:
     def metrics(self) -> str:
         """The manager's metrics in the Prometheus text format."""
         return self._request("GET", "/metrics").text
+
+
+def _with_working_dir(text: str, directory: Path) -> str:
+    """The spec (YAML or JSON text) with ``runtime_env.working_dir`` set to ``directory``, as JSON."""
+    from elasticps.errors import ConfigError
+
+    if not directory.is_dir():
+        raise ConfigError(f"working_dir {directory}: not a directory")
+    data = load_document(text, "yaml")  # YAML reads JSON too; a SpecError says where it is wrong
+    if not isinstance(data, dict):
+        raise ConfigError("the job spec must be a mapping")
+    env = data.get("runtime_env") or {}
+    if not isinstance(env, dict):
+        raise ConfigError("job spec field 'runtime_env': must be a mapping")
+    data["runtime_env"] = {**env, "working_dir": str(directory.resolve())}
+    return json.dumps(data)

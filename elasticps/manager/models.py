@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from elasticps.manager.spec import JobSpec
 
@@ -55,3 +55,4 @@ class LogLine(BaseModel):
 
 class ErrorOut(BaseModel):
     detail: str
+    problems: list[str] | None = Field(None, description="422: every problem of the spec, one each")

@@ -18,14 +18,18 @@ runtime_env:                                 # optional: Ray's runtime_env for t
 
 Validation is strict: integers must be integers (``true`` is not 1, ``"3"`` is
 not 3) of at most 2**53 in size, numbers must be finite, names must match in full, a PS job has at
-least one PS. Every error names its field. Nothing here imports the program:
+least one PS. Every error names its field, and all of a spec's errors come at once (a
+:class:`SpecError` lists them; an unknown field says which known one it may mean). Nothing here imports the program:
 that happens in a Ray process of the job's own (see :mod:`elasticps.manager.runtime`).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
+import types
+import typing
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -178,37 +182,84 @@ class _NoAliases(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
-def load_document(text: str | bytes, fmt: Literal["yaml", "json"]) -> Any:
-    """Parse one YAML or JSON document; :class:`ConfigError` on bad syntax, depth or size."""
+class SpecError(ConfigError):
+    """A spec (or limits) document that is not valid: ``problems`` lists every one,
+    each naming its field; the message is one problem a line."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load_document(text: str | bytes, fmt: Literal["yaml", "json"], what: str = "job spec") -> Any:
+    """Parse one YAML or JSON document; :class:`SpecError` on bad syntax (with its line
+    and column), depth or size."""
     if len(text) > MAX_SPEC_BYTES:
-        raise ConfigError(f"body is larger than {MAX_SPEC_BYTES} bytes")
+        raise SpecError([f"{what} is larger than {MAX_SPEC_BYTES} bytes"])
     try:
         return yaml.load(text, Loader=_NoAliases) if fmt == "yaml" else json.loads(text)
     except RecursionError as exc:
-        raise ConfigError(f"{fmt.upper()} body is nested too deeply") from exc
-    except (yaml.YAMLError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ConfigError(f"body is not valid {fmt.upper()}: {exc}") from exc
+        raise SpecError([f"{what}: {fmt.upper()} nested too deeply"]) from exc
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise SpecError([f"{what} is not valid YAML{where}: {exc.problem or exc.context}"]) from exc
+    except json.JSONDecodeError as exc:
+        raise SpecError([f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"]) from exc
+    except (yaml.YAMLError, ValueError) as exc:  # a YAML error without a mark, UnicodeDecodeError
+        raise SpecError([f"{what} is not valid {fmt.upper()}: {exc}"]) from exc
 
 
-def validation_message(exc: ValidationError, what: str = "job spec") -> str:
-    """``job spec field 'workers.max': Input should be ...``: the first error, naming its field."""
-    first = exc.errors()[0]
-    loc, msg = first["loc"], first["msg"].removeprefix("Value error, ")
-    if loc[:1] == ("args",) and len(loc) > 2:  # a union member's name is no field of the user's
-        loc, msg = loc[:2], "must be a finite number, an integer of at most 2**53 in size, a string or a boolean"
-    where = ".".join(str(p) for p in loc) or "spec"
-    return f"{what} field '{where}': {msg}"
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model whose fields ``loc`` (a field path) names, descending through nested models."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        annotation = field.annotation
+        if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+            annotation = next((a for a in typing.get_args(annotation) if a is not type(None)), None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _unknown_field(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """ "unknown field; did you mean 'workers'?" (difflib against the fields where it was found)."""
+    known = _model_at(model, loc[:-1])
+    if known is None:
+        return "unknown field"
+    fields = list(known.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), fields, n=1, cutoff=0.7)
+    return f"unknown field; did you mean '{close[0]}'?" if close else f"unknown field (fields: {', '.join(fields)})"
+
+
+def validation_problems(exc: ValidationError, what: str = "job spec", model: type[BaseModel] = BaseModel) -> list[str]:
+    """Every error of ``exc``, one line each: ``job spec field 'workers.max': Input should be ...``."""
+    problems: list[str] = []
+    for error in exc.errors():
+        loc, msg = tuple(error["loc"]), error["msg"].removeprefix("Value error, ")
+        if loc[:1] == ("args",) and len(loc) > 2:  # a union member's name is no field of the user's
+            loc, msg = loc[:2], "must be a finite number, an integer of at most 2**53 in size, a string or a boolean"
+        elif error["type"] == "extra_forbidden":
+            msg = _unknown_field(model, loc)
+        where = ".".join(str(p) for p in loc) or "spec"
+        line = f"{what} field '{where}': {msg}"
+        if line not in problems:
+            problems.append(line)
+    return problems
 
 
 def validate_as(model: type[BaseModel], data: Any, what: str) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(f"{what} must be a mapping")
+        raise SpecError([f"{what} must be a mapping"])
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(validation_message(exc, what)) from exc
+        raise SpecError(validation_problems(exc, what, model)) from exc
     except RecursionError as exc:
-        raise ConfigError(f"{what} is nested too deeply") from exc
+        raise SpecError([f"{what} is nested too deeply"]) from exc
 
 
 def parse_spec(text: str | bytes, fmt: Literal["yaml", "json"] = "yaml") -> JobSpec:
@@ -217,4 +268,4 @@ def parse_spec(text: str | bytes, fmt: Literal["yaml", "json"] = "yaml") -> JobS
 
 
 def parse_limits(text: str | bytes, fmt: Literal["yaml", "json"] = "json") -> LimitsPatch:
-    return validate_as(LimitsPatch, load_document(text, fmt), "job limits")
+    return validate_as(LimitsPatch, load_document(text, fmt, "job limits"), "job limits")

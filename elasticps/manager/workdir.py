@@ -178,14 +178,19 @@ def api_token(workdir: str | Path) -> str:
     return secret_file(workdir, TOKEN_FILE)
 
 
-def client_token(token: str | None, workdir: str | Path | None) -> str | None:
-    """The token a client sends: ``--token``, else ``$ELASTICPS_TOKEN``, else the workdir's file if readable."""
+def client_token(token: str | None, workdir: str | Path | None) -> tuple[str | None, str]:
+    """The token a client sends: the one given (``--token``), else ``$ELASTICPS_TOKEN``,
+    else the workdir's token file (``workdir``, else ``$ELASTICPS_WORKDIR``, else
+    ``elasticps-state``) if it exists; and where it came from (or, when none was found,
+    where it was looked for), for a 401's message."""
     if token:
-        return token
+        return token, "the token given"
     if os.environ.get("ELASTICPS_TOKEN"):
-        return os.environ["ELASTICPS_TOKEN"]
+        return os.environ["ELASTICPS_TOKEN"], "$ELASTICPS_TOKEN"
     path = Path(workdir or os.environ.get("ELASTICPS_WORKDIR", DEFAULT_WORKDIR)) / TOKEN_FILE
-    return read_secret(path) if path.exists() else None
+    if path.exists():
+        return read_secret(path), str(path.resolve())
+    return None, f"none found: looked in --token, $ELASTICPS_TOKEN and {path.resolve()}"
 
 
 DEFAULT_WORKDIR = "elasticps-state"
