@@ -77,7 +77,7 @@ def main(epochs=14, batch_size=64, lr=1.0, gamma=0.7, seed=1, optimizer="adadelt
     for epoch in ept.epochs(epochs):  # elasticps
         train(model, train_loader, optimizer, epoch, log_interval)
         test_loss, accuracy = test(model, test_loader)
-        ept.report(test_loss=test_loss, accuracy=accuracy)  # elasticps
+        ept.report(accuracy=accuracy, test_loss=test_loss)  # elasticps
         scheduler.step()
     return model
 

@@ -149,9 +149,11 @@ def epochs(n: int) -> Iterator[int]:
 
 
 def report(**metrics: float) -> dict[str, Any]:
-    """Report metrics (e.g. ``accuracy=0.97``) of the current step to the job:
-    they go to the job's report, the manager and the dashboard. Every worker
-    may call it; the job keeps one report per step. Returns the record."""
+    """Report metrics (e.g. ``accuracy=0.97, test_loss=0.1``) of the current
+    step to the job: they go to the job's report, the manager and the
+    dashboard. The last report of an epoch is that epoch's, and its FIRST value
+    the job's metric. Every worker may call it; the job keeps one report per
+    step. Returns the record."""
     bad = {k: v for k, v in metrics.items() if not isinstance(v, (int, float)) or isinstance(v, bool)}
     if bad:
         raise ProgramError(f"report() takes numbers, got {bad}")

@@ -297,17 +297,28 @@ class WorkerSession:
             self.snapshot_wanted = self.snapshot_wanted or msg.snapshot
 
     def snapshot(self) -> bytes | None:
-        """The registered objects' state, serialised (None: nothing registered)."""
-        if not self.registered:
+        """The registered objects' state and the prepared optimizer's
+        hyperparameters (an LR scheduler sets them, and restoring a scheduler
+        does not), serialised; None before ``prepare``."""
+        if self.opt is None:
             return None
         buf = io.BytesIO()
-        torch.save({name: obj.state_dict() for name, obj in self.registered.items()}, buf)
+        states = {name: obj.state_dict() for name, obj in self.registered.items()}
+        torch.save({"registered": states, "groups": _hyperparameters(self.opt)}, buf)
         return buf.getvalue()
 
     def restore(self, blob: bytes) -> None:
-        states = torch.load(io.BytesIO(blob), weights_only=False)  # written by this job's own workers
+        saved = torch.load(io.BytesIO(blob), weights_only=False)  # written by this job's own workers
+        states = saved["registered"]
         unknown = sorted(set(states) - set(self.registered))
         if unknown:
             raise ProgramError(f"state of {unknown} was saved but not registered here: call register() before the loop")
         for name, state in states.items():
             self.registered[name].load_state_dict(state)
+        if self.opt is not None:
+            for group, hyper in zip(self.opt.param_groups, saved["groups"], strict=True):
+                for key, value in hyper.items():
+                    if isinstance(group.get(key), torch.Tensor):
+                        group[key].fill_(value)  # a tensor lr stays the tensor a scheduler holds
+                    else:
+                        group[key] = value

@@ -132,7 +132,7 @@ def _job_json(rec: JobRecord, manager: Manager) -> JobOut:
         out.progress = Progress(
             step=status.step, epoch=status.epoch, epochs=epochs,
             samples_per_s=last.samples_per_s if last else kept.get("samples_per_s"),
-            loss=last.loss if last else kept.get("loss"), metric=status.metric,
+            loss=last.loss if last else kept.get("loss"), metric=status.metric, metrics=status.metrics,
         )  # fmt: skip
     elif report is not None:
         last = report.windows[-1] if report.windows else None
@@ -140,6 +140,7 @@ def _job_json(rec: JobRecord, manager: Manager) -> JobOut:
             step=report.step, epoch=report.epoch, epochs=report.epochs,
             samples_per_s=last.samples_per_s if last else None, loss=last.loss if last else None,
             metric=report.epoch_reports[-1].metric if report.epoch_reports else None,
+            metrics=report.metrics[-1].values if report.metrics else {},
         )  # fmt: skip
     return out
 

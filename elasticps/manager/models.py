@@ -27,6 +27,7 @@ class Progress(BaseModel):
     samples_per_s: float | None = None
     loss: float | None = None
     metric: float | None = None
+    metrics: dict[str, float | None] = {}  # a user loop's latest elasticps.torch.report(...)
 
 
 class JobOut(BaseModel):

@@ -113,6 +113,7 @@ class JobDriver:
             remaining_samples=c.remaining_samples(),
             samples_per_epoch=c.samples_per_epoch(),
             metric=c.final_metric if c.final_metric is not None else last_epoch.metric if last_epoch else None,
+            metrics=dict(r.metrics[-1].values) if r.metrics else {},
             error=r.error,
             rescales=r.rescales[after_rescale:],
             rescales_total=len(r.rescales),

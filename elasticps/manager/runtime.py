@@ -66,7 +66,8 @@ class JobStatus:
     events_total: int = 0
     remaining_samples: int | None = None
     samples_per_epoch: int | None = None
-    metric: float | None = None
+    metric: float | None = None  # the latest epoch's metric (a user loop: the first value of its last report)
+    metrics: dict[str, float | None] = field(default_factory=dict)  # a user loop's latest report
     error: str | None = None
     rescales: list[RescaleRecord] = field(default_factory=list)  # those after the poll's ``after_rescale``
     rescales_total: int = 0

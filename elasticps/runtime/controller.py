@@ -159,6 +159,7 @@ class JobController:
         self._metrics: list[user_loop.MetricReport] = []  # what a user's loop reported
         self._joiners: dict[int, bytes | None] = {}  # id(worker handle) -> registered state for its first step
         self._user_state: bytes | None = None  # a user loop's registered state, as last snapshotted
+        self._user_state_at = -1  # the step it was snapshotted at
         self._finished_loops = False  # the user loops ran to their end
         self._epoch_grad_samples: list[GradientSample] = []
         self._bytes: dict[str, int] = {}
@@ -306,7 +307,7 @@ class JobController:
             self._check_checkpoint(ckpt)
             state = ckpt.state
             self.step, self.position, self.samples_seen = ckpt.step, ckpt.position, ckpt.samples_seen
-            self._user_state = ckpt.user_state
+            self._user_state, self._user_state_at = ckpt.user_state, ckpt.step
             if ckpt.batch_size is not None and self._batch_request is None:
                 self.batch_size = self.program.check_batch(ckpt.batch_size)
             self._event(f"resumed from checkpoint at step {ckpt.step} (epoch {ckpt.position.epoch})")
@@ -345,10 +346,8 @@ class JobController:
                     budget = None if max_steps is None else first + max_steps - self.step
                     self._async_segment(budget)
             self._flush_window()
-            if self.done and self._loop:
-                metrics, self._user_state = user_loop.finish(self.workers, self._param_refs, self._bounds, self.step)
-                self._add_metrics(metrics)
-                self._finished_loops = True
+            if self.done and self._loop and not self._finished_loops:
+                self._finish_loops()
             if self.done or self._stop.is_set():
                 if self.done:  # resumed from a checkpoint taken at the very end, no epoch ran here
                     last = self._epochs[-1] if self._epochs else None
@@ -492,9 +491,17 @@ class JobController:
         if stats_error is not None:  # a worker died after its gradient was in: the step stands
             self._recover(stats_error)
 
+    def _finish_loops(self) -> None:
+        metrics, self._user_state = user_loop.finish(self.workers, self._param_refs, self._bounds, self.step)
+        self._add_metrics(metrics)
+        self._finished_loops = True
+
     def _snapshot_user_state(self) -> None:
-        """A user loop's registered state now, from its first worker (kept as is once the loops ended)."""
-        if self._loop and self.workers and not self._finished_loops:
+        """A user loop's registered state now, from its first worker (kept as is
+        once the loops ended; taken once per step: a loop waits at the boundary
+        after its snapshot, so its state cannot change before the next step)."""
+        if self._loop and self.workers and not self._finished_loops and self._user_state_at != self.step:
+            self._user_state_at = self.step
             next_epoch = None if self.done else self.position.epoch
             self._user_state, metrics = user_loop.snapshot(
                 self.workers[0], self._param_refs, self._bounds, self.step, next_epoch
@@ -502,10 +509,9 @@ class JobController:
             self._add_metrics(metrics)
 
     def _add_metrics(self, records: list[user_loop.MetricReport]) -> None:
-        if records:
-            with self._lock:
-                self._metrics.extend(records)
-                del self._metrics[:-MAX_WINDOWS]
+        with self._lock:
+            self._metrics.extend(user_loop.new_reports(self._metrics, records))
+            del self._metrics[:-MAX_WINDOWS]
 
     def _measure_gns(self) -> bool:
         every = self.config.gns_every_steps
@@ -704,17 +710,22 @@ class JobController:
         elapsed = max(1e-9, now - t0)
         epoch_windows = [w for w in self._windows if w.samples]
         loss = epoch_windows[-1].loss if epoch_windows else float("nan")
+        metric, values = self._evaluate(), {}
+        if self._loop:  # the loop's code after the epoch (its test pass, report) runs now; its report is the metric
+            self._finish_loops() if self.done else self._snapshot_user_state()
+            metric, values = user_loop.epoch_metrics(self._metrics, epoch)
         report = EpochReport(
             epoch=epoch,
             step=self.step,
             samples_per_s=(self.samples_seen - s0) / elapsed,
             elapsed_s=elapsed,
             loss=loss,
-            metric=self._evaluate(),
+            metric=metric,
             noise_scale=noise_scale(self._epoch_grad_samples),
             num_ps=len(self.ps),
             num_workers=len(self.workers),
             batch_size=self.batch_size,
+            metrics=values,
         )
         with self._lock:
             self._epochs.append(report)
@@ -1059,6 +1070,9 @@ class JobController:
         with self._lock:
             self.step, self.position, self.samples_seen = ckpt.step, ckpt.position, ckpt.samples_seen
         self._install_tasks(Shape(num_ps, len(self.workers)), dict(enumerate(started)), {}, ckpt.state)
+        if self._loop:  # the loops go back to the checkpoint's step with its registered state
+            self._user_state, self._user_state_at = ckpt.user_state, ckpt.step
+            self._joiners = {id(w.handle): ckpt.user_state for w in self.workers}
         self._event(f"{len(dead)} PS shard(s) died; restored from checkpoint at step {ckpt.step} (lost {lost} steps)")
 
     # ------------------------------------------------------------ validation

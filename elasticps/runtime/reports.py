@@ -86,6 +86,17 @@ class WindowReport:
     cross: float | None = None  # the share of its PS traffic (bytes) that crossed nodes; None: none moved
 
 
+@dataclass(frozen=True)
+class MetricReport:
+    """``elasticps.torch.report(**values)`` of a user's loop: at ``step`` (steps
+    done), in ``epoch`` (None: outside the epochs). A value that is not a finite
+    number crosses to the manager as None."""
+
+    step: int
+    epoch: int | None
+    values: dict[str, float | None]
+
+
 @dataclass
 class EpochReport:
     epoch: int
@@ -98,6 +109,7 @@ class EpochReport:
     num_ps: int
     num_workers: int
     batch_size: int = 0  # the global batch at the epoch's end
+    metrics: dict[str, float | None] = field(default_factory=dict)  # a user loop's last report of the epoch
 
 
 @dataclass
@@ -148,7 +160,7 @@ class JobReport:
     error: str | None = None
     batch_size: int = 0  # the global batch now
     prefetched_batches: int = 0  # worker batches that had been read in the background before their step
-    metrics: list[Any] = field(default_factory=list)  # a user loop's reports (runtime.user_loop.MetricReport)
+    metrics: list[MetricReport] = field(default_factory=list)  # a user loop's reports
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

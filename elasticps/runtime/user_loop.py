@@ -4,30 +4,23 @@ The step protocol is the same (:mod:`elasticps.runtime.loop_worker`); on top
 of it the controller: takes the user optimizer's hyperparameters of a step
 from the first worker's statistics, keeps the metrics the loop reported,
 hands a worker that joins the registered state of one already there (a
-snapshot taken at a step boundary), and at the end lets every loop finish.
+snapshot taken at a step boundary), takes each epoch's reports at its end
+(the epoch's metric), and at the end lets every loop finish.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 from typing import Any
 
 import ray
 
 from elasticps.errors import JobFailedError
 from elasticps.runtime import tasks
+from elasticps.runtime.reports import MetricReport
 
 #: How long the loops may take after the last step (their last evaluation) before the job ends anyway.
 FINISH_TIMEOUT_S = 300.0
-
-
-@dataclass(frozen=True)
-class MetricReport:
-    """``elasticps.torch.report(**values)``: at ``step`` (steps done), in ``epoch``."""
-
-    step: int
-    epoch: int | None
-    values: dict[str, float]
 
 
 def is_loop(program: Any) -> bool:
@@ -38,6 +31,24 @@ def is_loop(program: Any) -> bool:
 
 def _records(raw: list[dict[str, Any]]) -> list[MetricReport]:
     return [MetricReport(r["step"], r["epoch"], dict(r["metrics"])) for r in raw]
+
+
+def epoch_metrics(records: list[MetricReport], epoch: int) -> tuple[float | None, dict[str, float | None]]:
+    """The loop's last report in ``epoch``: its first value (the job's metric,
+    as the manager and the dashboard show it) and all its values."""
+    last = next((r for r in reversed(records) if r.epoch == epoch), None)
+    if last is None or not last.values:
+        return None, {}
+    first = next(iter(last.values.values()))
+    return (first if first is not None and math.isfinite(first) else None), dict(last.values)
+
+
+def new_reports(kept: list[MetricReport], records: list[MetricReport]) -> list[MetricReport]:
+    """``records`` less those ``kept`` already holds: every worker's loop makes
+    the same reports, and one worker's may arrive after another's (a snapshot
+    takes the first worker's at an epoch's end, the next step brings the rest)."""
+    seen = {(r.step, r.epoch, tuple(r.values)) for r in kept[-64:]}
+    return [r for r in records if (r.step, r.epoch, tuple(r.values)) not in seen]
 
 
 def step_metrics(stats: list[dict[str, Any]]) -> list[MetricReport]:

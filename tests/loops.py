@@ -1,0 +1,64 @@
+"""User loops for the tests that submit them by name (``tests.loops:NAME``)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from elasticps.examples import digits_loop
+
+
+def gated_digits(gate: str, **kwargs):
+    """The digits loop, each batch after the first epoch held 0.1 s until the file
+    ``gate`` exists: a test opens it once the job did what it waits for (a
+    rescale), so the job cannot end first on a fast machine. The arithmetic is
+    the digits loop's."""
+    train = digits_loop.train
+
+    def held(model, loader, optimizer, epoch, log_interval):
+        class Held:
+            def __iter__(self):
+                for batch in loader:
+                    if epoch >= 1 and not os.path.exists(gate):
+                        time.sleep(0.1)
+                    yield batch
+
+            def __len__(self):
+                return len(loader)
+
+        return train(model, Held(), optimizer, epoch, log_interval)
+
+    digits_loop.train = held
+    try:
+        return digits_loop.main(**kwargs)
+    finally:
+        digits_loop.train = train
+
+
+def scheduled_mlp(epochs: int = 2, batch_size: int = 64, lr: float = 0.05, seed: int = 0):
+    """A small loop whose learning rate moves every step (linear warm-up, then a
+    per-step decay, LambdaLR) beside a per-epoch StepLR: registered state that a
+    restart or a restored PS must bring back exactly."""
+    import torch
+
+    import elasticps.torch as ept
+    from elasticps.examples.digits import test_set, train_set
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    model, opt = ept.prepare(model, opt)
+    per_step = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * 0.99**s)
+    loader = ept.DataLoader(train_set(), batch_size=batch_size, shuffle=True)
+    x_test, y_test = test_set().tensors
+    ept.register(per_step=per_step)
+    for _ in ept.epochs(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            per_step.step()
+        with torch.no_grad():
+            accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
+        ept.report(accuracy=accuracy, lr=opt.param_groups[0]["lr"])
+    return model
