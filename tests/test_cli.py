@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from elasticps import __version__
 from elasticps.cli.main import main
 
@@ -48,8 +50,9 @@ def test_bad_targets_and_thresholds_are_refused_before_any_work(capsys):
     assert "--lr must be above 0, got -0.1" in capsys.readouterr().err
     assert main(["demo", "--objectives", "goodput", "--repeats", "0"]) == 2
     assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
-    assert main(["sim", "--jobs", "5", "--nodes", "2", "--quiet", "--efficiency-threshold", "-1"]) != 0
-    assert capsys.readouterr().err.strip() == "error: efficiency threshold must be above 0, got -1"
+    with pytest.raises(SystemExit):  # argparse, before anything runs
+        main(["sim", "--jobs", "5", "--nodes", "2", "--quiet", "--efficiency-threshold", "-1"])
+    assert "argument --efficiency-threshold: expected a number above 0, got '-1'" in capsys.readouterr().err
 
 
 def test_a_server_option_its_policy_lacks_is_refused_before_ray_starts(tmp_path):

@@ -49,6 +49,44 @@ def task_range(text: str) -> tuple[int, int]:
     return low, high
 
 
+def _number(kind: type, low: float, strict: bool, what: str):
+    """An argparse type: a ``kind`` above ``low`` (``strict``) or at least ``low``."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value != value or (value <= low if strict else value < low):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, 0, True, "an integer above 0")
+positive_float = _number(float, 0.0, True, "a number above 0")
+nonnegative_float = _number(float, 0.0, False, "a number, 0 or more")
+
+
+def share_of_jobs(text: str) -> float:
+    """A share, 0..1."""
+    value = nonnegative_float(text)
+    if value > 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share of the jobs, 0..1, got {text!r}")
+    return value
+
+
+class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each option's default (where it has one worth showing), and an
+    epilog as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = not any(action.default is v for v in (None, False, argparse.SUPPRESS)) and "default" not in text
+        return f"{text} (default: %(default)s)" if shown and action.option_strings else text
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

@@ -8,27 +8,92 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticps.cli.common import OBJECTIVE_HELP, PLACEMENT_HELP, THRESHOLD_HELP
+from elasticps.cli.common import (
+    OBJECTIVE_HELP,
+    PLACEMENT_HELP,
+    THRESHOLD_HELP,
+    DefaultsHelp,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+    share_of_jobs,
+)
+
+#: What --policy and --compare take: every policy of elasticps.sched.policies, and the oracle.
+SIM_POLICIES = ("static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle")
+OBJECTIVES = ("goodput", "speed", "efficiency")
+
+WORKLOAD_HELP = """\
+workload files (--workload): CSV with a header row, or JSONL (one object a line); a row's fields
+(only id, arrival_s, kind and samples are required; the others take the defaults shown):
+  id                 the job's name
+  arrival_s          when it is submitted, seconds from the start
+  kind               its model kind (below): how its speed depends on its shape
+  samples            its total work, in samples at the kind's batch
+  min_ps, max_ps     PS limits (1, 8; an all-reduce kind: 0, 0)
+  min_workers, max_workers    worker limits (1, 16)
+  static_ps, static_workers   the shape the user asked for, what static runs (2, 4)
+  ps_cpu, worker_cpu          CPUs a task (2, 4)
+  ps_memory_gb, worker_memory_gb   memory a task (4, 8)
+  worker_gpu         GPUs a worker (0; an all-reduce kind needs > 0)
+  max_batch          > the kind's batch: the batch may adapt up to it (0: fixed; PS kinds only)
+  noise_scale        gradient noise scale at the start, growing 10x by the end (0: unknown)
+model kinds (elasticps/sched/synthetic.py; batch, parameters):
+  resnet-like        batch 128, 45M parameters
+  vgg-like           batch 128, 500M parameters (the most PS traffic)
+  transformer-like   batch 64, 250M parameters
+  mlp-small          batch 256, 10M parameters
+  resnet50-allreduce batch 256, 100M parameters, GPU all-reduce (no PS)
+docs/simulator.md has the speed model and the figures measured with it."""
+
+
+def _names(valid: tuple[str, ...], what: str, plural: str):
+    """An argparse type: comma-separated names, each one of ``valid`` (a typo is
+    refused at once, listing them, with the closest name)."""
+    import difflib
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        for name in names:
+            if name not in valid:
+                close = difflib.get_close_matches(name, valid, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise argparse.ArgumentTypeError(f"no {what} {name!r}: {hint}({plural}: {', '.join(valid)})")
+        if not names:
+            raise argparse.ArgumentTypeError(f"give one or more {plural}, comma-separated ({', '.join(valid)})")
+        if len(set(names)) < len(names):
+            raise argparse.ArgumentTypeError(f"a {what} named twice in {text!r}")
+        return names
+
+    return parse
+
+
+def _check(args: argparse.Namespace) -> None:
+    """What argparse cannot see alone, before anything runs: a ConfigError (exit 2) naming it."""
+    from elasticps.errors import ConfigError
+
+    if args.compare and args.objectives:
+        raise ConfigError("--compare (policies) and --objectives: one at a time")
+    if args.seeds is not None and (args.plot or args.workload):
+        raise ConfigError("--seeds varies the synthetic workload's seed: not with --plot or --workload")
+    if args.workload:
+        from elasticps.sim import load_workload
+
+        if not Path(args.workload).is_file():
+            raise ConfigError(f"--workload {args.workload}: no such file")
+        if not load_workload(args.workload):  # a bad row is a ConfigError naming it
+            raise ConfigError(f"--workload {args.workload}: no jobs in it")
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from elasticps.sim import gain_captured
 
-    for flag, share in (("--gpu-jobs", args.gpu_jobs), ("--adaptive-jobs", args.adaptive_jobs)):
-        if not 0.0 <= share <= 1.0:
-            raise SystemExit(f"error: {flag} is a share of the jobs, 0..1, got {share:g}")
-    if args.compare and args.objectives:
-        raise SystemExit("error: --compare (policies) and --objectives: one at a time")
+    _check(args)
     if args.objectives:  # one policy under each objective, the table keyed by objective
-        runs = [(args.policy, o.strip()) for o in args.objectives.split(",")]
-        bad = [o for _, o in runs if o not in ("goodput", "speed", "efficiency")]
-        if bad:
-            raise SystemExit(f"error: --objectives takes goodput, speed, efficiency; got {', '.join(bad)}")
+        runs = [(args.policy, o) for o in args.objectives]
     else:
-        runs = [(p, args.objective) for p in (args.compare.split(",") if args.compare else [args.policy])]
+        runs = [(p, args.objective) for p in (args.compare or [args.policy])]
     if args.seeds is not None:
-        if args.plot:
-            raise SystemExit("error: --plot draws one run's plots: not with --seeds")
         return _sim_seeds(args, runs)
     results = _sim_runs(args, runs, args.seed)
     if args.plot:
@@ -48,7 +113,21 @@ def cmd_sim(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     if len(results) == 1 and not args.json:
         print(json.dumps(data, indent=2, default=str))
+    if len(results) > 1:
+        print(verdict({name: r.metrics["avg_jct_s"] for name, r in results.items()}))
     return 0
+
+
+def verdict(avg_jct_s: dict[str, float]) -> str:
+    """One line: each run's avg JCT against the baseline's (static where it ran, else
+    the first): ``elastic vs static: -36% avg JCT``."""
+    base = "static" if "static" in avg_jct_s else next(iter(avg_jct_s))
+    parts = [
+        f"{name} vs {base}: {value / avg_jct_s[base] - 1:+.0%} avg JCT"
+        for name, value in avg_jct_s.items()
+        if name != base and avg_jct_s[base] > 0
+    ]
+    return "; ".join(parts)
 
 
 def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) -> dict:
@@ -88,10 +167,6 @@ def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
     table of each seed's avg JCT, then each policy's mean, wins and gain."""
     from elasticps.sim.seeds import summarize
 
-    if args.seeds < 1:
-        raise SystemExit(f"error: --seeds is a count of seeds, at least 1, got {args.seeds}")
-    if args.workload:
-        raise SystemExit("error: --seeds varies the synthetic workload's seed: not with --workload")
     per_seed = {}
     for seed in range(args.seed, args.seed + args.seeds):
         per_seed[seed] = _sim_runs(args, runs, seed)
@@ -178,42 +253,40 @@ def _print_table(results: dict) -> None:
 
 def add_parsers(sub: Any) -> None:
     """sim"""
-    sim = sub.add_parser("sim", help="simulate policies on a modelled cluster")
-    sim.add_argument("--workload", help="a .csv or .jsonl workload (default: synthetic)")
-    sim.add_argument("--jobs", type=int, default=300, help="synthetic workload: number of jobs")
-    sim.add_argument("--nodes", type=int, default=32, help="nodes of the modelled cluster")
-    sim.add_argument("--node-cpu", type=float, default=32.0, help="CPUs per node")
-    sim.add_argument("--node-gpu", type=float, default=0.0, help="GPUs per node")
-    sim.add_argument(
-        "--gpu-jobs",
-        type=float,
-        default=0.0,
-        help="synthetic workload: share of all-reduce GPU jobs (needs --node-gpu)",
+    sim = sub.add_parser(
+        "sim", help="simulate policies on a modelled cluster", formatter_class=DefaultsHelp, epilog=WORKLOAD_HELP
     )
+    sim.add_argument("--workload", help="a .csv or .jsonl workload (below; default: synthetic)")
+    sim.add_argument("--jobs", type=positive_int, default=300, help="synthetic workload: number of jobs")
+    sim.add_argument("--nodes", type=positive_int, default=32, help="nodes of the modelled cluster")
+    sim.add_argument("--node-cpu", type=positive_float, default=32.0, help="CPUs per node")
+    sim.add_argument("--node-gpu", type=nonnegative_float, default=0.0, help="GPUs per node")
     sim.add_argument(
-        "--adaptive-jobs",
-        type=float,
-        default=0.0,
-        help="synthetic workload: share of PS jobs with an adaptive batch (up to 8x) and a growing noise scale",
-    )
-    sim.add_argument("--interval-s", type=float, default=300.0, help="scheduling interval")
+        "--gpu-jobs", type=share_of_jobs, default=0.0,
+        help="synthetic workload: share of all-reduce GPU jobs, 0..1 (needs --node-gpu)",
+    )  # fmt: skip
     sim.add_argument(
-        "--rescale-pause-s", type=float, default=30.0, help="seconds a job makes no progress after a start or rescale"
-    )
+        "--adaptive-jobs", type=share_of_jobs, default=0.0,
+        help="synthetic workload: share of PS jobs with an adaptive batch (up to 8x) and a growing noise scale, 0..1",
+    )  # fmt: skip
+    sim.add_argument("--interval-s", type=positive_float, default=300.0, help="scheduling interval, seconds")
     sim.add_argument(
-        "--policy", default="elastic",
-        choices=["static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle"],
+        "--rescale-pause-s", type=nonnegative_float, default=30.0,
+        help="seconds a job makes no progress after a start or rescale",
+    )  # fmt: skip
+    sim.add_argument(
+        "--policy", default="elastic", choices=SIM_POLICIES,
         help="oracle: elastic's decisions knowing every job's true speed (the bound to measure against)",
     )  # fmt: skip
-    sim.add_argument("--objective", default="goodput", choices=["goodput", "speed", "efficiency"], help=OBJECTIVE_HELP)
-    sim.add_argument("--efficiency-threshold", type=float, help=THRESHOLD_HELP)
+    sim.add_argument("--objective", default="goodput", choices=OBJECTIVES, help=OBJECTIVE_HELP)
+    sim.add_argument("--efficiency-threshold", type=positive_float, help=THRESHOLD_HELP)
     sim.add_argument(
         "--placement", default="locality", choices=["locality", "spread", "pack", "optimus"], help=PLACEMENT_HELP
     )
     sim.add_argument("--seed", type=int, default=0, help="seeds the workload, other tenants and noise")
     sim.add_argument(
         "--seeds",
-        type=int,
+        type=positive_int,
         help="run the comparison on this many seeds from --seed on, and report each policy's mean avg JCT, "
         "its share of the oracle's gain, on how many seeds it was the best non-oracle policy, and its "
         "avg JCT and CPU-hours against the first run's (with --objectives: against the first objective)",
@@ -225,15 +298,20 @@ def add_parsers(sub: Any) -> None:
     )
     sim.add_argument(
         "--job-spread",
-        type=float,
+        type=nonnegative_float,
         default=0.0,
         help="jobs of one kind differ: each job's true speed is its kind's x a lognormal factor of this sigma "
         "(e.g. 0.2); 0: every job of a kind runs alike",
     )
-    sim.add_argument("--compare", help="comma-separated policies to run on the same workload, e.g. static,elastic")
     sim.add_argument(
-        "--objectives", help="comma-separated objectives to run --policy under on the same workload, e.g. goodput,speed"
-    )
+        "--compare", type=_names(SIM_POLICIES, "policy", "policies"),
+        help=f"comma-separated policies to run on the same workload, e.g. static,elastic ({', '.join(SIM_POLICIES)}); "
+        "ends with each one's avg JCT against static's (else the first's)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--objectives", type=_names(OBJECTIVES, "objective", "objectives"),
+        help="comma-separated objectives to run --policy under on the same workload, e.g. goodput,speed",
+    )  # fmt: skip
     sim.add_argument("--plot", help="write PNG plots into this directory")
     sim.add_argument("--json", help="write the results here")
     sim.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -1,0 +1,77 @@
+"""``elasticps sim`` on the command line: every argument checked before anything runs,
+a one-line verdict against the baseline, defaults and the workload format in --help."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from elasticps.cli.main import main
+from elasticps.cli.sim import SIM_POLICIES, WORKLOAD_HELP, verdict
+from elasticps.sched.policies import POLICIES
+from elasticps.sim.workload import KINDS, WorkloadJob
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--compare", "static,elastc"], "argument --compare: no policy 'elastc': did you mean 'elastic'? "
+         "(policies: static, greedy, optimus, elastic, pollux, tiresias, oracle)"),
+        (["--compare", ","], "argument --compare: give one or more policies"),
+        (["--compare", "static,static"], "a policy named twice"),
+        (["--policy", "polux"], "argument --policy: invalid choice: 'polux'"),
+        (["--jobs", "0"], "argument --jobs: expected an integer above 0, got '0'"),
+        (["--nodes", "-3"], "argument --nodes: expected an integer above 0, got '-3'"),
+        (["--node-cpu", "nan"], "argument --node-cpu: expected a number above 0, got 'nan'"),
+        (["--interval-s", "0"], "argument --interval-s: expected a number above 0"),
+        (["--rescale-pause-s", "-1"], "argument --rescale-pause-s: expected a number, 0 or more"),
+        (["--gpu-jobs", "1.5"], "argument --gpu-jobs: expected a share of the jobs, 0..1, got '1.5'"),
+        (["--seeds", "0"], "argument --seeds: expected an integer above 0"),
+        (["--job-spread", "-0.1"], "argument --job-spread: expected a number, 0 or more"),
+    ],
+)  # fmt: skip
+def test_a_bad_argument_fails_at_once_naming_it(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["sim", *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_every_policy_is_listed_oracle_pollux_and_tiresias_included():
+    assert set(SIM_POLICIES) == {*POLICIES, "oracle"} and {"pollux", "tiresias", "oracle"} <= set(SIM_POLICIES)
+
+
+def test_a_missing_or_bad_workload_is_one_line_before_any_run(tmp_path, capsys):
+    assert main(["sim", "--workload", str(tmp_path / "none.csv")]) == 2
+    assert capsys.readouterr().err == f"error: --workload {tmp_path / 'none.csv'}: no such file\n"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,arrival_s,kind,samples\nj1,0,resnet-lik,1000\n")
+    assert main(["sim", "--workload", str(bad), "--compare", "static,elastic"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "kind must be one of" in err and "resnet-lik" in err
+
+
+def test_verdict_against_static_else_the_first():
+    assert verdict({"static": 1000.0, "elastic": 640.0}) == "elastic vs static: -36% avg JCT"
+    assert verdict({"elastic": 500.0, "static": 1000.0, "oracle": 450.0}) == (
+        "elastic vs static: -50% avg JCT; oracle vs static: -55% avg JCT"
+    )
+    assert verdict({"goodput": 100.0, "speed": 125.0}) == "speed vs goodput: +25% avg JCT"
+
+
+def test_a_comparison_ends_with_its_verdict(capsys):
+    assert main(["sim", "--jobs", "6", "--nodes", "2", "--compare", "elastic,static", "--quiet"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("elastic vs static: ") and last.endswith("% avg JCT"), last
+
+
+def test_help_shows_defaults_and_documents_the_workload(capsys):
+    with pytest.raises(SystemExit):
+        main(["sim", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # as wrapped at any terminal width
+    assert "number of jobs (default: 300)" in text and "(default: 0.0)" in text and "(default: elastic)" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for field in dataclasses.fields(WorkloadJob):  # every column the loader takes, and every model kind
+        assert f" {field.name} " in WORKLOAD_HELP or f" {field.name}," in WORKLOAD_HELP, field.name
+    for kind in KINDS:
+        assert f"  {kind} " in WORKLOAD_HELP, kind
