@@ -4,6 +4,7 @@ manager's invariants; none starts Ray, so each runs in milliseconds."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -463,7 +464,28 @@ def test_the_objective_sets_an_adaptive_jobs_batch(tmp_path, objective):
     else:  # E(512) = 128/576: goodput stays at the batch it has
         assert job.batch == 0 and batches == {64}
     assert ("batch" in kinds(manager, "a")) == (objective == "speed")
+    if objective == "speed":  # the event says why: the objective's figure at the new batch against the old
+        whys = [message for _, _, _, kind, message in manager.store.events(job="a") if kind == "batch"]
+        assert whys[-1].startswith("batch 512: ")
+        for why in whys:
+            m = re.fullmatch(r"batch (\d+): speed (\d+) samples/s at (\d)x(\d), against (\d+) at batch (\d+)", why)
+            assert m and int(m[1]) > int(m[6]) and int(m[2]) > int(m[5]), why
+            # the speed model's estimate, fitted to the measured speeds: near the truth
+            assert int(m[2]) == pytest.approx(speed_at(int(m[3]), int(m[4]), int(m[1])), rel=0.25), why
     check_invariants(manager)
+
+
+def test_metrics_read_a_snapshot_and_import_nothing_of_the_manager():
+    """manager/metrics.py and manager/service.py do not import each other both ways."""
+    import ast
+    import inspect
+
+    import elasticps.manager.metrics as metrics
+
+    tree = ast.parse(inspect.getsource(metrics))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "elasticps.manager.service" not in imported and "elasticps.manager" not in imported
 
 
 def test_a_round_decides_before_releasing_an_ended_job_whose_tasks_still_count_as_ours(env):

@@ -37,6 +37,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,9 +45,9 @@ from elasticps.errors import ConfigError, ElasticPSError, JobEndedError, Program
 from elasticps.manager.capacity import capacity_change, capacity_signature
 from elasticps.manager.history import ClusterHistory
 from elasticps.manager.isolation import FIGURE_ERRORS, decide_isolated, window_problem
-from elasticps.manager.metrics import ManagerMetrics
+from elasticps.manager.metrics import ManagerMetrics, MetricsSnapshot
 from elasticps.manager.priors import FleetPriors, kind_of, read_observations
-from elasticps.manager.reasons import Move, explain
+from elasticps.manager.reasons import Move, batch_reason, explain
 from elasticps.manager.rescale_costs import RescaleCosts
 from elasticps.manager.runtime import CapacitySource, JobHandle, JobRuntime, JobStatus, Launch, ProgramInfo
 from elasticps.manager.shipping import ShipPolicy
@@ -183,7 +184,7 @@ class Manager:
         self.decisions: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=1000)
         self.history = ClusterHistory()  # nodes over time and the latest rounds' moves (the dashboard)
         self.predicted: dict[str, float] = {}  # the speed model's samples/s at each running job's shape
-        self.metrics = ManagerMetrics(self)
+        self.metrics = ManagerMetrics(self.metrics_snapshot)
         for name in migrate_job_dirs(self.workdir, [r.name for r in store.list_jobs()]):
             log.warning("job %s: its files moved to %s (the workdir's new layout)", name, job_dir(self.workdir, name))
 
@@ -342,7 +343,10 @@ class Manager:
                 if shape is not None and placement is not None:
                     self._apply(rec, shape, placement, now, cluster, moves.get(rec.name))
                     if rec.name in batches:
-                        self._apply_batch(rec.name, batches[rec.name], now)
+                        view = next(v for v in views if v.id == rec.name)
+                        self._apply_batch(
+                            rec.name, batches[rec.name], now, partial(batch_reason, view, shape, default=self.objective)
+                        )
             if self.growth is not None:
                 self._grow(views, cluster, current, now)
             self._rounds += 1
@@ -404,6 +408,18 @@ class Manager:
                 return None
         return self.ended.get(name)
 
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """What ``GET /metrics`` reports, read now (see :mod:`elasticps.manager.metrics`)."""
+        records = self.store.list_jobs()
+        statuses = self.statuses()
+        rescales = {name: max(0, len(self.store.allocations(name)) - 1) for name in statuses}
+        held = self.held()
+        try:
+            cluster = self.capacity.view(held)
+        except Exception:  # no cluster to read (not connected yet, or gone): no capacity figures
+            cluster = None
+        return MetricsSnapshot(records, statuses, rescales, held, cluster)
+
     def held(self) -> dict[str, Resources]:
         """What our jobs hold per node now (see :meth:`_ours`)."""
         with self._lock:
@@ -425,7 +441,7 @@ class Manager:
             return {n: live.status for n, live in self.live.items() if live.status is not None}
 
     # -- helpers (called with the lock held, except _drain)
-    def _apply_batch(self, name: str, batch: int, now: float) -> None:
+    def _apply_batch(self, name: str, batch: int, now: float, why: Callable[[int], str]) -> None:
         live = self.live.get(name)
         if live is None or live.status is None or batch == live.batch_now:
             return
@@ -437,7 +453,7 @@ class Manager:
             self.store.add_event(now, name, "error", f"could not set the global batch to {batch}: {exc}")
             return
         live.batch = batch
-        self.store.add_event(now, name, "batch", f"global batch {batch} (objective {self.objective})")
+        self.store.add_event(now, name, "batch", why(batch))
 
     def _apply(
         self,
