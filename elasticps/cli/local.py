@@ -46,12 +46,80 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def factory_args(given: list[str]) -> dict[str, Any]:
+    """``--args epochs=40 --args lr=0.1,seed=3``: the factory's keyword arguments, each
+    value read as a YAML scalar (40 an int, 0.1 a float, true a bool, text a string)."""
+    import yaml
+
+    from elasticps.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in (part for text in given for part in text.split(",") if part.strip()):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--args {item!r}: expected NAME=VALUE")
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            parsed = None
+        if not isinstance(parsed, (str, int, float, bool)):
+            raise ConfigError(f"--args {item!r}: the value must be a number, a boolean or a string")
+        out[key] = parsed
+    return out
+
+
+def cpus_needed(num_ps: int, num_workers: int, ps_cpu: float = 1.0, worker_cpu: float = 1.0) -> float:
+    return num_ps * ps_cpu + num_workers * worker_cpu
+
+
+def _check_local_cpus(args: argparse.Namespace) -> None:
+    """Before a local cluster starts: a ConfigError saying which --num-cpus the shape needs
+    (Ray would otherwise leave the tasks pending for ever)."""
+    import math
+    import os
+
+    from elasticps.errors import ConfigError
+
+    if args.ray_address not in (None, "", "local"):
+        return
+    need = cpus_needed(args.ps, args.workers)
+    have = args.num_cpus if args.num_cpus is not None else os.cpu_count() or 1
+    if need > have:
+        where = f"--num-cpus {args.num_cpus}" if args.num_cpus is not None else f"this machine's {have} CPUs"
+        raise ConfigError(
+            f"{args.ps} PS x {args.workers} workers need {need:g} CPUs (1 a task), more than {where}: "
+            f"pass --num-cpus {math.ceil(need)} (Ray shares the cores) or ask for fewer tasks"
+        )
+
+
+def _user_code_from_cwd() -> None:
+    """As ``python -m`` does: the current directory first on the path, for this process
+    and (through PYTHONPATH, inherited by the local cluster) for the job's Ray processes."""
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *paths])
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    from elasticps import JobConfig, JobController, load_program
+    from elasticps.errors import ConfigError
+
+    if args.ps < 1 or args.workers < 1:
+        raise ConfigError(f"a job needs at least 1 PS and 1 worker, got {args.ps}x{args.workers}")
+    program_args = factory_args(args.args or [])
+    _check_local_cpus(args)
+    _user_code_from_cwd()
+    from elasticps import JobConfig, JobController, load_program  # Ray and torch: after the checks
     from elasticps.raycluster import ensure_ray
 
     ensure_ray(args.ray_address, num_cpus=args.num_cpus)
-    program = load_program(args.program)
+    program = load_program(args.program, program_args)
     config = JobConfig(mode=args.mode, checkpoint_dir=args.checkpoint_dir, report_interval_s=args.report_interval_s)
     job = JobController(
         program,
@@ -95,6 +163,13 @@ def add_parsers(sub: Any) -> None:
         help="package.module:attr naming a TrainingProgram, a factory of one, or a training function "
         "that uses elasticps.torch (your own loop; told apart by what calling it does, docs/user-loop.md)",
     )
+    train.add_argument(
+        "--args",
+        action="append",
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="keyword arguments of the program's factory or loop function (repeat, or comma-separate); "
+        "values read as YAML scalars: epochs=40 lr=0.1 shuffle=true",
+    )
     train.add_argument("--ps", type=int, default=1, help="parameter-server shards (default 1)")
     train.add_argument("--workers", type=int, default=1, help="workers (default 1)")
     train.add_argument(
@@ -104,5 +179,9 @@ def add_parsers(sub: Any) -> None:
     train.add_argument("--max-steps", type=int, help="stop after this many steps (default: train to the end)")
     train.add_argument("--report-interval-s", type=float, default=5.0, help="seconds per progress line (default 5)")
     train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
-    train.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
+    train.add_argument(
+        "--num-cpus",
+        type=int,
+        help="logical CPUs of the embedded local Ray cluster (default: this machine's); a task asks for 1",
+    )
     train.set_defaults(func=cmd_train)

@@ -1,0 +1,45 @@
+"""``elasticps train``'s checks before any cluster starts: factory arguments, the local
+cluster's CPUs, the user's package found in the current directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from elasticps.cli.local import _user_code_from_cwd, factory_args
+from elasticps.errors import ConfigError
+
+
+def test_factory_args_are_yaml_scalars_repeated_or_comma_separated():
+    assert factory_args(["epochs=40", "lr=0.1,shuffle=true", "name=digits", "tag="]) == {
+        "epochs": 40, "lr": 0.1, "shuffle": True, "name": "digits", "tag": "",
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match="expected NAME=VALUE"):
+        factory_args(["epochs"])
+    with pytest.raises(ConfigError, match="a number, a boolean or a string"):
+        factory_args(["layers=[1, 2]"])
+
+
+def test_too_few_cpus_say_which_num_cpus_before_ray_starts(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    argv = [sys.executable, "-c", "import sys; from elasticps.cli.main import main; rc = main(sys.argv[1:]); "
+            "assert 'ray' not in sys.modules; sys.exit(rc)",
+            "train", "nothing.here:program", "--ps", "2", "--workers", "3", "--num-cpus", "2"]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (
+        "error: 2 PS x 3 workers need 5 CPUs (1 a task), more than --num-cpus 2: "
+        "pass --num-cpus 5 (Ray shares the cores) or ask for fewer tasks\n"
+    )
+
+
+def test_the_current_directory_is_on_the_path_for_the_driver_and_the_workers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    _user_code_from_cwd()
+    assert sys.path[0] == str(tmp_path)
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/elsewhere"]  # what Ray's workers inherit
