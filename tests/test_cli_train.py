@@ -43,3 +43,41 @@ def test_the_current_directory_is_on_the_path_for_the_driver_and_the_workers(tmp
     _user_code_from_cwd()
     assert sys.path[0] == str(tmp_path)
     assert os.environ["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), "/elsewhere"]  # what Ray's workers inherit
+
+
+def _train(tmp_path, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "elasticps", "train", "elasticps.examples.digits:program", "--num-cpus", "2",
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--report-interval-s", "0.5", *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_AUTH_MODE": "disabled"}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_at_a_step_boundary_and_a_finished_run_starts_no_cluster(tmp_path):
+    """Ctrl-C: one line saying where the checkpoint is and how to resume; that command
+    then trains to the end; once more, it says 'already finished' without starting Ray."""
+    import signal
+
+    proc = _train(tmp_path, "--args", "epochs=2")
+    lines = []
+    for line in proc.stdout:  # the first progress line: training has started
+        lines.append(line)
+        if line.startswith("step "):
+            proc.send_signal(signal.SIGINT)
+            break
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, "".join(lines) + out
+    assert "stopping at the next step boundary" in out
+    resume = [ln for ln in out.splitlines() if "resume with: " in ln]
+    assert resume and f"checkpoint in {tmp_path / 'ckpt'}" in resume[0], out
+    assert resume[0].split("resume with: ")[1].endswith("--args epochs=2")
+
+    done = _train(tmp_path, "--args", "epochs=2")
+    out, _ = done.communicate(timeout=600)
+    assert done.returncode == 0 and "finished at step" in out, out
+
+    again = _train(tmp_path, "--args", "epochs=2")
+    out, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, out
+    assert out.startswith("already finished: ") and "epoch 2 of 2" in out, out
+    assert "Ray" not in out and "running 1 PS" not in out  # no cluster was started

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shlex
+import signal
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +123,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from elasticps import JobConfig, JobController, load_program  # Ray and torch: after the checks
     from elasticps.raycluster import ensure_ray
 
-    ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     program = load_program(args.program, program_args)
+    finished = _finished_run(args.checkpoint_dir, program.epochs)
+    if finished:
+        print(finished, flush=True)
+        return 0
+    ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     config = JobConfig(mode=args.mode, checkpoint_dir=args.checkpoint_dir, report_interval_s=args.report_interval_s)
     job = JobController(
         program,
@@ -137,11 +146,55 @@ def cmd_train(args: argparse.Namespace) -> int:
         for line in job.report().events:
             print(line, flush=True)
         print(f"running {args.ps} PS x {args.workers} workers: {job.placement()}", flush=True)
-        report = job.run(max_steps=args.max_steps)
+        with _stop_on_interrupt(job.stop):
+            report = job.run(max_steps=args.max_steps)
     finally:
         job.shutdown()
     print(f"{report.state} at step {report.step}", flush=True)
+    if report.state == "stopped":
+        print(_resume_line(args.checkpoint_dir, report.step), flush=True)
     return 0 if report.state in ("finished", "stopped", "running") else 1
+
+
+def _finished_run(checkpoint_dir: str | None, epochs: int) -> str | None:
+    """What to say instead of training when ``checkpoint_dir``'s newest intact checkpoint
+    is at the program's last epoch (read only: no directory made, nothing renamed)."""
+    from elasticps.runtime.checkpoint import CheckpointStore
+
+    if not checkpoint_dir or not Path(checkpoint_dir).is_dir():
+        return None
+    newest = next(CheckpointStore(checkpoint_dir).intact(), None)
+    if newest is None or newest[1].position.epoch < epochs:
+        return None
+    return (
+        f"already finished: {checkpoint_dir} holds step {newest[1].step}, epoch {newest[1].position.epoch} of "
+        f"{epochs}; nothing to train (`elasticps export --program ... --checkpoint-dir {checkpoint_dir}` "
+        "writes the model)"
+    )
+
+
+@contextlib.contextmanager
+def _stop_on_interrupt(stop: Callable[[], None]) -> Iterator[None]:
+    """The first Ctrl-C asks the job to stop at the next step boundary (where it writes a
+    checkpoint); a second one interrupts at once."""
+
+    def first(signum: int, frame: Any) -> None:
+        print("\nstopping at the next step boundary (Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stop()
+
+    before = signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _resume_line(checkpoint_dir: str | None, step: int) -> str:
+    if not checkpoint_dir:
+        return f"stopped at step {step}; nothing was saved (no --checkpoint-dir)"
+    again = shlex.join(["elasticps", *sys.argv[1:]])
+    return f"stopped at step {step}: checkpoint in {checkpoint_dir}; resume with: {again}"
 
 
 def add_parsers(sub: Any) -> None:
