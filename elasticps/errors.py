@@ -21,5 +21,14 @@ class JobFailedError(ElasticPSError):
     """The job cannot continue (user code raised, or nothing is left to run it)."""
 
 
+class UserCodeError(JobFailedError):
+    """The program's own code raised in a task (no task or node was lost)."""
+
+
+class UnschedulableError(ConfigError):
+    """The job can never run on this cluster (a task larger than every node,
+    or a minimum shape larger than all nodes together)."""
+
+
 class JobEndedError(ConfigError):
     """The job has ended, so it can no longer be changed."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -81,3 +82,28 @@ def mount_tiny_tmpfs(path, size: str = "64k") -> bool:
 
 def unmount(path) -> None:
     subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@contextlib.contextmanager
+def serve_api(manager, token: str = "s3cret"):
+    """The manager's REST API over real HTTP on a free loopback port (uvicorn in
+    a thread) for the ``with`` block; yields its URL."""
+    import socket
+
+    import uvicorn
+
+    from elasticps.manager.api import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(create_app(manager, token=token), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    wait_for(lambda: srv.started, 20, "the API server to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,7 +18,6 @@ import time
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,6 +26,7 @@ from elasticps.manager import Store
 from elasticps.manager.api import create_app
 from elasticps.manager.fake import FakeCapacity, FakeRuntime
 from elasticps.manager.service import Manager
+from tests.helpers import serve_api, wait_for
 
 SPEC = "name: {name}\nprogram: elasticps.examples.digits:program\nworkers: {{min: 1, max: 2}}\n"
 YAML = {"Content-Type": "application/yaml"}
@@ -36,21 +35,10 @@ YAML = {"Content-Type": "application/yaml"}
 @pytest.fixture
 def server(tmp_path):
     manager = Manager(Store(tmp_path / "m.db"), tmp_path / "work", runtime=FakeRuntime(), capacity=FakeCapacity())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(manager, token="s3cret"), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": "Bearer s3cret"}, timeout=10)
-    yield client, manager
-    client.close()
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_api(manager, "s3cret") as url:
+        client = httpx.Client(base_url=url, headers={"Authorization": "Bearer s3cret"}, timeout=10)
+        yield client, manager
+        client.close()
 
 
 def test_submit_list_get_cancel_events_metrics(server):
@@ -255,6 +243,29 @@ def test_submit_wait_streams_the_log_and_exits_with_the_jobs_result(server, tmp_
         rounds.join(timeout=10)
 
 
+def test_submit_wait_says_why_a_job_waits_and_exits_1_when_it_can_never_start(server, tmp_path, monkeypatch, capsys):
+    from elasticps.cli.main import main
+
+    client, manager = server
+    monkeypatch.setenv("ELASTICPS_TOKEN", "s3cret")
+    spec = tmp_path / "big.yaml"
+    spec.write_text(SPEC.format(name="big").replace("max: 2}", "max: 2, cpu: 6}"))
+
+    def shrink() -> None:  # once it is accepted, the cluster loses its large node
+        wait_for(lambda: "big" in manager.waiting, 20, "the job to be accepted")
+        manager.capacity.nodes = {"node-0": (4.0, 0.0)}
+        manager.step()
+
+    threading.Thread(target=shrink, daemon=True).start()
+    assert main(["submit", str(spec), "--wait", "--url", str(client.base_url).rstrip("/")]) == 1
+    err = capsys.readouterr().err
+    assert "big can never start on this cluster: cannot fit: a worker needs 6 CPU, the largest node has 4 CPU" in err
+    job = client.get("/jobs/big").json()
+    assert job["state"] == "pending" and job["never_starts"] and job["reason"].startswith("cannot fit")
+    r = client.post("/jobs", content=SPEC.format(name="bigger").replace("max: 2}", "max: 2, cpu: 6}"), headers=YAML)
+    assert r.status_code == 422 and "a worker needs 6 CPU, the largest node has 4 CPU" in r.json()["detail"]
+
+
 def test_logs_and_the_live_status_view(server, monkeypatch, capsys):
     from elasticps.cli.main import main
     from elasticps.runtime import EpochReport, JobReport, WindowReport
@@ -290,7 +301,7 @@ def test_logs_and_the_live_status_view(server, monkeypatch, capsys):
 
     url = str(client.base_url).rstrip("/")
     monkeypatch.setenv("ELASTICPS_TOKEN", "s3cret")
-    assert main(["logs", "done", "--url", url, "--follow"]) == 0  # ends: the job has finished
+    assert main(["logs", "done", "--url", url, "--follow", "--progress"]) == 0  # ends: the job has finished
     assert main(["status", "--url", url, "--watch", "0.1"]) == 0  # ends: every job has ended
     out, _ = capsys.readouterr()
     assert "step     21  epoch 1 done in 1.6 s, metric 0.9300" in out

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from elasticps.errors import ConfigError, ProgramError
+from elasticps.errors import ConfigError, ProgramError, UnschedulableError
 from elasticps.manager import IllegalTransition, JobState, LimitsPatch, Manager, Retention, Store, parse_spec
 from elasticps.manager.fake import FakeCapacity, FakeRuntime
 from elasticps.manager.runtime import ProgramInfo
@@ -221,14 +221,38 @@ def test_progress_resets_the_failure_count_and_a_program_error_fails_at_once(env
     assert manager.store.get_job("p").state == "failed"
 
 
-def test_a_job_that_can_never_fit_says_why_once(env):
-    manager, _, _ = env
-    submit(manager, "big", cpu=16)
+def test_a_job_that_can_never_fit_is_refused_and_one_that_no_longer_fits_says_why_once(env):
+    manager, _, capacity = env
+    with pytest.raises(UnschedulableError, match="a worker needs 16 CPU, the largest node has 8 CPU"):
+        submit(manager, "big", cpu=16)
+    assert manager.store.list_jobs() == []
+    submit(manager, "big", cpu=6)
+    capacity.nodes = {"node-0": (4.0, 0.0)}  # the cluster shrank after the job was accepted
     for _ in range(3):
         manager.step()
     unfit = [m for _, _, _, k, m in manager.store.events("big") if k == "unfit"]
-    assert unfit == ["cannot fit: a worker needs 16 CPU, the largest node has 8 CPU"]
+    assert unfit == ["cannot fit: a worker needs 6 CPU, the largest node has 4 CPU"]
     assert manager.store.get_job("big").state == "pending"
+    assert manager.waiting["big"].never and manager.waiting["big"].reason == unfit[0]
+
+
+def test_every_job_that_is_not_running_says_why(env):
+    manager, runtime, capacity = env
+    submit(manager, "a", cpu=6)
+    submit(manager, "b", cpu=4)
+    assert manager.waiting["b"].reason == "submitted: waiting for the next scheduling round"
+    manager.step()
+    # a: 0.5 (PS) + 6 (worker) of node-0's 8 CPUs; b's worker needs 4
+    assert "a" not in manager.waiting
+    assert manager.waiting["b"].reason == "waiting for room: a worker needs 4 CPU, the largest free node has 1.5 CPU"
+    assert not manager.waiting["b"].never
+    capacity.nodes = {"node-0": (8.0, 0.0), "node-1": (4.0, 2.0)}  # another tenant holds 2 of node-1's 4
+    manager.step()
+    # b fits no node's free room (1.5 and 2 CPUs), though 3.5 CPUs are free in all
+    assert manager.waiting["b"].reason == "waiting for room: a worker needs 4 CPU, the largest free node has 2 CPU"
+    runtime.latest("a").crash("RayActorError: a worker died")
+    manager.step()
+    assert manager.waiting["a"].reason == f"starts again from its latest checkpoint in {RESTART_BACKOFF_S:.0f} s (1/3)"
 
 
 def test_limits_go_through_validation(env):
@@ -260,7 +284,7 @@ def test_a_narrower_allow_list_after_a_restart_fails_stored_jobs_at_their_next_s
     before = Manager(store, tmp_path / "work", runtime=FakeRuntime(), capacity=FakeCapacity())
     submit(before, "ran")
     before.step()
-    submit(before, "waits", cpu=1000.0)  # no room: never started
+    submit(before, "waits")  # after the last round: never started
     assert before.store.get_job("ran").state == JobState.RUNNING
     before.shutdown()
     # the operator restarts the manager allowing another package only

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticps.cli.common import dump, plain, task_range
+from elasticps.cli.follow import print_line, print_output, wait
 from elasticps.cli.readable import describe_text, event_line
 from elasticps.tables import format_table
 
@@ -41,9 +42,13 @@ def _status_table(jobs: list[Any]) -> str:
                 f"{_bar(prog.epoch, epochs)} {prog.epoch}/{epochs}" if prog and epochs else "-",
                 f"{rate:.0f}" if rate else "-",
                 f"{metric:.4f}" if metric is not None else "-",
+                j.reason or "",
             ]
         )
-    return format_table(rows, ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC"])
+    headers = ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC", "REASON"]
+    if not any(j.reason for j in jobs):  # a REASON column when a job waits (or failed) for a reason
+        headers, rows = headers[:-1], [r[:-1] for r in rows]
+    return format_table(rows, headers)
 
 
 def _watch_status(client: Any, every_s: float, args: argparse.Namespace) -> int:
@@ -62,18 +67,9 @@ def _watch_status(client: Any, every_s: float, args: argparse.Namespace) -> int:
         return 0
 
 
-def _wait(client: Any, name: str) -> int:
-    """Stream the job's log until it ends; 0 if it finished, 1 if it failed or was cancelled."""
-    _print_logs(client, name, follow=True)
-    state = client.job(name).state
-    print(f"{name}: {state}", flush=True)
-    return 0 if state == "finished" else 1
-
-
 def _print_logs(client: Any, name: str, follow: bool) -> None:
     for line in client.logs(name, follow=follow):
-        step = f"step {line.step:6d}" if line.step is not None else "event      "
-        print(f"{step}  {line.text}", flush=True)
+        print_line(line)
 
 
 def cmd_client(args: argparse.Namespace) -> int:
@@ -90,7 +86,7 @@ def cmd_client(args: argparse.Namespace) -> int:
             job = client.submit(text, json_body=args.spec.endswith(".json"), working_dir=args.working_dir)
             print(f"submitted {job.name} ({job.state})", flush=True)
             if args.wait:
-                return _wait(client, job.name)
+                return wait(client, job.name)
         elif args.command == "status":
             if args.watch:
                 return _watch_status(client, args.watch, args)
@@ -114,6 +110,13 @@ def cmd_client(args: argparse.Namespace) -> int:
         elif args.command == "delete":
             client.delete(args.name)
             print(f"{args.name}: deleted")
+        elif args.command == "logs" and not args.progress:
+            if args.output != "table":
+                print(dump(plain(list(client.output(args.name))), args.output))
+            else:
+                print_output(client, args.name, args.follow)
+                if args.follow:  # it has ended: say how
+                    print(f"{args.name}: {client.job(args.name).state}", flush=True)
         elif args.command == "logs":
             if args.output != "table":
                 print(dump(plain(list(client.logs(args.name))), args.output))
@@ -153,7 +156,7 @@ def add_parsers(sub: Any) -> None:
         ("scale", "change a job's PS and worker limits; the scheduler picks the shape within them"),
         ("retry", "queue a failed job again (it resumes from its latest checkpoint)"),
         ("delete", "forget an ended job (record, history, checkpoints); its name can be used again"),
-        ("logs", "a job's progress log (windows, epochs, events)"),
+        ("logs", "what a job printed (its driver, PS and workers, tagged by task; the traceback of a failure)"),
         ("events", "events"),
     ]:
         c = sub.add_parser(name, help=helptext)
@@ -166,7 +169,10 @@ def add_parsers(sub: Any) -> None:
         if name == "submit":
             c.add_argument("spec", help="a job spec file (.yaml, .yml or .json)")
             c.add_argument(
-                "--wait", action="store_true", help="stream the job's log until it ends; exit 0 if it finished, else 1"
+                "--wait",
+                action="store_true",
+                help="stream the job's progress and output until it ends; exit 0 if it finished, else 1 (also when it "
+                "can never start on this cluster)",
             )
             c.add_argument(
                 "--working-dir",
@@ -188,6 +194,9 @@ def add_parsers(sub: Any) -> None:
             c.add_argument("--workers", type=task_range, help="worker limits: N (exactly N) or MIN..MAX")
         if name == "logs":
             c.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+            c.add_argument(
+                "--progress", action="store_true", help="instead: its progress log (windows, epochs, runtime events)"
+            )
         if name == "status":
             c.add_argument("--watch", type=float, nargs="?", const=2.0, help="redraw every N seconds (default 2)")
             c.add_argument("--active", action="store_true", help="only pending and running jobs")

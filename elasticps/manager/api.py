@@ -1,11 +1,13 @@
 """The manager's REST API (FastAPI; its OpenAPI schema at ``/openapi.json``, with the token).
 
 - ``POST /jobs``: submit a spec (``application/yaml`` or ``application/json``);
-  400 names the bad field, 409 on a duplicate name.
+  400 names the bad field, 409 on a duplicate name, 422 (with the numbers) if
+  the cluster can never hold the job.
 - ``GET /jobs``, ``GET /jobs/{name}``; ``DELETE /jobs/{name}`` cancels (idempotent,
   final; 409 for a job that already finished or failed); ``PATCH /jobs/{name}``
   changes min/max PS and workers; ``POST /jobs/{name}/retry`` queues a failed job again.
-- ``GET /jobs/{name}/logs``, ``GET /events?job=&after=``, ``GET /metrics``.
+- ``GET /jobs/{name}/logs`` (progress), ``GET /jobs/{name}/output?after=`` (what the
+  job printed), ``GET /events?job=&after=``, ``GET /metrics``.
 - ``GET /``: the dashboard (``/#token=...``), its files under ``/static/``; its data:
   ``GET /api/overview`` (the job table), ``/api/jobs/{name}`` (one job), ``/api/cluster``.
 - No ``/docs`` or ``/redoc``: FastAPI's pages load their scripts from a CDN
@@ -37,10 +39,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from elasticps.errors import ConfigError, ElasticPSError, ProgramError
+from elasticps.errors import ConfigError, ElasticPSError, ProgramError, UnschedulableError
 from elasticps.manager import dashboard
 from elasticps.manager.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from elasticps.manager.models import Allocation, ErrorOut, EventOut, JobOut, LogLine, Progress
+from elasticps.manager.models import Allocation, ErrorOut, EventOut, JobOut, LogLine, OutputOut, Progress
 from elasticps.manager.service import Manager
 from elasticps.manager.spec import (
     MAX_INT,
@@ -119,6 +121,11 @@ def _job_json(rec: JobRecord, manager: Manager) -> JobOut:
         updated_at=rec.updated_at,
         spec=rec.spec,
     )
+    waiting = manager.waiting.get(rec.name) if rec.state in ("pending", "running") else None
+    if waiting is not None:
+        out.reason, out.never_starts = waiting.reason, waiting.never
+    elif rec.state == "failed":
+        out.reason = manager.store.last_event(rec.name, "failed")
     allocations = manager.store.allocations(rec.name)
     if allocations:
         at, p, w, placement = allocations[-1]
@@ -153,6 +160,8 @@ def _http_error(exc: Exception, name: str | None = None) -> HTTPException:
         return HTTPException(409, str(exc))
     if isinstance(exc, ProgramError):
         return HTTPException(400, f"job spec field 'program': {exc}")
+    if isinstance(exc, UnschedulableError):  # well-formed, but no cluster of these nodes can hold it
+        return HTTPException(422, str(exc))
     if isinstance(exc, ConfigError):
         return HTTPException(409 if "already exists" in str(exc) else 400, str(exc))
     return HTTPException(400, str(exc))
@@ -288,12 +297,26 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
         return await run_in_threadpool(command, lambda: manager.set_limits(name, parse_limits(body, fmt)), name)
 
     @app.get("/jobs/{name}/logs", dependencies=deps, response_model=list[LogLine], responses=ERRORS)
-    def logs(name: str, after_step: int = Query(-1, ge=-1, le=MAX_INT)) -> list[dict[str, Any]]:
+    def logs(
+        name: str,
+        after_step: int = Query(-1, ge=-1, le=MAX_INT),
+        after_event: int | None = Query(None, ge=0, le=MAX_INT),
+    ) -> list[dict[str, Any]]:
         """The job's progress as log lines (windows, epochs, runtime events) from
-        this manager's run of it; ``after_step`` keeps the lines after that step."""
+        this manager's run of it; ``after_step`` keeps the lines after that step;
+        ``after_event`` the events from that number on (without it: every event,
+        when ``after_step`` is negative)."""
         job_or_404(name)
         report = manager.report(name)
-        return [] if report is None else job_log_lines(report, after_step)
+        return [] if report is None else job_log_lines(report, after_step, after_event)
+
+    @app.get("/jobs/{name}/output", dependencies=deps, response_model=OutputOut, responses=ERRORS)
+    def output(name: str, after: int = Query(0, ge=0, le=MAX_INT)) -> OutputOut:
+        """What the job's driver, PS and workers printed (tagged by task), and the
+        traceback of a failure, from byte ``after`` on; the newest 1 MiB is kept."""
+        job_or_404(name)
+        text, nxt, dropped = manager.output(name, after)
+        return OutputOut(text=text, next=nxt, dropped=dropped)
 
     @app.get("/events", dependencies=deps, response_model=list[EventOut], responses=ERRORS)
     def events(job: str | None = Query(None, max_length=63), after: int = Query(0, ge=0, le=MAX_INT)) -> list[EventOut]:
@@ -351,9 +374,11 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
     return app
 
 
-def job_log_lines(report: JobReport, after_step: int = -1) -> list[dict[str, Any]]:
+def job_log_lines(report: JobReport, after_step: int = -1, after_event: int | None = None) -> list[dict[str, Any]]:
     """Windows and epochs of a report as ``{"step", "kind", "text"}`` lines, in
-    step order, then the runtime's events (which carry no step)."""
+    step order, then the runtime's events (which carry no step, but their
+    number: ``event``): those from ``after_event`` on, or with no
+    ``after_event`` all of them if ``after_step`` is negative."""
     lines: list[dict[str, Any]] = []
     for w in report.windows:
         if w.last_step > after_step:
@@ -371,6 +396,11 @@ def job_log_lines(report: JobReport, after_step: int = -1) -> list[dict[str, Any
                 {"step": e.step, "kind": "epoch", "text": f"epoch {e.epoch} done in {e.elapsed_s:.1f} s{metric}"}
             )
     lines.sort(key=lambda line: (line["step"], line["kind"] != "window"))
-    if after_step < 0:
-        lines += [{"step": None, "kind": "event", "text": msg} for msg in report.events]
+    if after_event is not None or after_step < 0:
+        first = max(0, report.events_total - len(report.events))  # the number of the oldest event kept
+        lines += [
+            {"step": None, "kind": "event", "text": msg, "event": first + i}
+            for i, msg in enumerate(report.events)
+            if first + i >= (after_event or 0)
+        ]
     return lines

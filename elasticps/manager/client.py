@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 
 from elasticps.errors import ElasticPSError
-from elasticps.manager.models import ENDED, EventOut, JobOut, LogLine
+from elasticps.manager.models import ENDED, EventOut, JobOut, LogLine, OutputOut
 from elasticps.manager.spec import JobSpec, load_document
 from elasticps.manager.workdir import client_token
 
@@ -150,17 +150,39 @@ class Client:
     def logs(self, name: str, after_step: int = -1, follow: bool = False, poll_s: float = 2.0) -> Iterator[LogLine]:
         """The job's log lines after ``after_step``; with ``follow``, new ones
         as they come, until the job has ended."""
-        last = after_step
+        last, events = after_step, 0
         while True:
             ended = follow and self.job(name).state in ENDED  # read first: no line written before the end is lost
-            lines = self._request("GET", f"/jobs/{name}/logs", params={"after_step": last}).json()
-            for line in map(LogLine.model_validate, lines):  # events (no step) come with the first read only
+            for line in self.log_page(name, last, events):
                 if line.step is not None:
                     last = max(last, line.step)
+                if line.event is not None:  # each event once, however many polls it takes the job to step
+                    events = max(events, line.event + 1)
                 yield line
             if not follow or ended:
                 return
             time.sleep(poll_s)
+
+    def output(self, name: str, after: int = 0, follow: bool = False, poll_s: float = 1.0) -> Iterator[OutputOut]:
+        """The job's own output (what its tasks printed, tagged by task) from byte
+        ``after`` on; with ``follow``, new pieces as they come, until the job has ended."""
+        while True:
+            ended = follow and self.job(name).state in ENDED
+            piece = self.output_page(name, after)
+            after = piece.next
+            if piece.text or piece.dropped:
+                yield piece
+            if not follow or ended:
+                return
+            time.sleep(poll_s)
+
+    def output_page(self, name: str, after: int = 0) -> OutputOut:
+        return OutputOut.model_validate(self._request("GET", f"/jobs/{name}/output", params={"after": after}).json())
+
+    def log_page(self, name: str, after_step: int = -1, after_event: int = 0) -> list[LogLine]:
+        """One read of the job's log: lines after step ``after_step``, events from number ``after_event`` on."""
+        params = {"after_step": after_step, "after_event": after_event}
+        return [LogLine.model_validate(x) for x in self._request("GET", f"/jobs/{name}/logs", params=params).json()]
 
     def wait(self, name: str, timeout_s: float | None = None, poll_s: float = 1.0) -> JobOut:
         """Block until the job has ended (finished, failed or cancelled); its last state."""

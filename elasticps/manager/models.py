@@ -38,6 +38,9 @@ class JobOut(BaseModel):
     spec: JobSpec
     allocation: Allocation | None = None
     progress: Progress | None = None
+    #: why it is not running now (waiting for room, queued, starting again after a failure), or why it failed
+    reason: str | None = None
+    never_starts: bool = False  # the cluster can never hold it as it is: it waits for nodes to change
 
 
 class EventOut(BaseModel):
@@ -52,6 +55,15 @@ class LogLine(BaseModel):
     step: int | None
     kind: Literal["window", "epoch", "event"]
     text: str
+    event: int | None = None  # an event's number (for ``after_event``)
+
+
+class OutputOut(BaseModel):
+    """A piece of a job's own output (its tasks' lines, tagged ``[worker-1] ...``)."""
+
+    text: str
+    next: int  # the offset to ask from next
+    dropped: int = 0  # bytes before this piece that the bounded log no longer holds
 
 
 class ErrorOut(BaseModel):

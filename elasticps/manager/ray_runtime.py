@@ -15,6 +15,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import statistics
+import sys
+import threading
+import traceback
 from typing import Any
 
 import ray
@@ -22,12 +25,13 @@ from ray._private import ray_constants
 from ray.core.generated.common_pb2 import ErrorType
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from elasticps.errors import ElasticPSError, JobFailedError, ProgramError
+from elasticps.errors import ConfigError, ElasticPSError, JobFailedError, ProgramError, UserCodeError
 from elasticps.manager.capacity import ray_cluster_view, ray_hostnames
 from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.wire import NotPlainData, answer, decode, error_record, parse, with_trace
 from elasticps.runtime import JobController, JobReport
+from elasticps.runtime.output import JobLog, capture, serve_tasks
 from elasticps.sched import ClusterView, Resources
 
 log = logging.getLogger("elasticps.manager")
@@ -74,15 +78,41 @@ class JobDriver:
     def __init__(self, launch: Launch) -> None:
         from elasticps.program import load_program
 
+        self.output = JobLog(launch.output_dir) if launch.output_dir else None
+        if self.output is not None:  # what the program and its tasks print, kept in the job's folder
+            capture("driver", self.output.write, every_s=None)
+            serve_tasks(ray.get_runtime_context().current_actor)
         self.controller: JobController | None = None
-        self.failure: dict[str, str] | None = None
-        try:
+        self.failure: dict[str, str] | None = None  # the error that ended the run (see error_record)
+        self.fatal = False  # it is the program's own error before its first step: starting again fails again
+        try:  # the program's factory and the controller's checks: the user's code, in this process
             self.controller = JobController(
                 load_program(launch.program, launch.args), launch.config, *launch.shape, placement=launch.placement
             )
-            self.thread = self.controller.run_in_thread()
         except BaseException as exc:
-            self.failure = error_record(exc)
+            self._failed(exc, fatal=True)
+            return
+        self.thread = threading.Thread(target=self._run, name=f"elasticps-{launch.name}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        c = self.controller
+        assert c is not None
+        try:
+            c.run()
+        except BaseException as exc:
+            self._failed(exc, fatal=failed_before_first_step(exc, c.started_step, c.step))
+
+    def _failed(self, exc: BaseException, fatal: bool) -> None:
+        """Keep the error as plain text, and print its whole traceback into the job's output."""
+        self.failure, self.fatal = error_record(exc), fatal
+        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.flush()
+
+    def write_output(self, lines: list[str]) -> None:
+        """Lines a task of the job printed (see :mod:`elasticps.runtime.output`)."""
+        if self.output is not None:
+            self.output.write([str(line) for line in lines[:10_000]])
 
     def poll(self, after_step: int, after_event: int, after_rescale: int = 0) -> bytes:
         return answer(lambda: self._poll(after_step, after_event, after_rescale), "the job's status")
@@ -92,7 +122,7 @@ class JobDriver:
             assert self.failure is not None
             why = f"the job's driver could not start: {self.failure['type']}: {self.failure['message']}"
             return JobStatus(state="failed", ended=True, step=0, epoch=0, num_ps=0, num_workers=0, placement={},
-                             held={}, error=why)  # fmt: skip
+                             held={}, error=why, fatal=True)  # fmt: skip
         c = self.controller
         r = c.report()
         new_events = r.events_total - after_event
@@ -114,7 +144,8 @@ class JobDriver:
             samples_per_epoch=c.samples_per_epoch(),
             metric=c.final_metric if c.final_metric is not None else last_epoch.metric if last_epoch else None,
             metrics=dict(r.metrics[-1].values) if r.metrics else {},
-            error=r.error,
+            error=f"{self.failure['type']}: {self.failure['message']}" if self.failure else r.error,
+            fatal=self.fatal,
             rescales=r.rescales[after_rescale:],
             rescales_total=len(r.rescales),
             batch_size=r.batch_size,
@@ -151,6 +182,18 @@ class JobDriver:
 def _none(_result: object) -> None:
     """What a command answers: nothing (its effect shows in the next poll)."""
     return None
+
+
+def failed_before_first_step(exc: BaseException, started_step: int | None, step: int) -> bool:
+    """True if ``exc`` is the program's own deterministic error before this run's
+    first step (starting again would fail the same way): it raised while the job
+    started, or in a step with no task lost, or its checkpoint does not fit it.
+    A lost task or node, or no room, is not: those are worth another start."""
+    if started_step is not None and step > started_step:
+        return False
+    if isinstance(exc, (UserCodeError, ConfigError)):
+        return True
+    return not isinstance(exc, (ElasticPSError, ray.exceptions.RayError))
 
 
 #: Ray's own failures (a process or node gone), told apart from everything else.

@@ -41,7 +41,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from elasticps.errors import ConfigError, ElasticPSError, JobEndedError, ProgramError
+from elasticps.errors import ConfigError, ElasticPSError, JobEndedError, ProgramError, UnschedulableError
 from elasticps.manager.capacity import capacity_change, capacity_signature
 from elasticps.manager.history import ClusterHistory
 from elasticps.manager.isolation import FIGURE_ERRORS, decide_isolated, window_problem
@@ -54,10 +54,12 @@ from elasticps.manager.shipping import ShipPolicy
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import ACTIVE, IllegalTransition, JobInUse, JobState
 from elasticps.manager.store import JobRecord, Rescale, Retention, Store
+from elasticps.manager.waiting import SUBMITTED, Waiting, free_after, why_waiting
 from elasticps.manager.workdir import job_dir, migrate_job_dirs
 from elasticps.placement import place, spans_on
 from elasticps.program import check_program_ref
 from elasticps.runtime import JobConfig, JobReport, TaskResources
+from elasticps.runtime.output import JobLog
 from elasticps.sched import ClusterView, JobView, Observation, PolicyState, Resources, SpeedModel, make_policy
 from elasticps.sched.fit import fit_problem
 from elasticps.sched.goodput import batch_candidates
@@ -74,6 +76,8 @@ MAX_FAILURES = 3
 #: Seconds to wait before starting a job again after its n-th failure in a row: n times this.
 #: Ray takes up to ~30 s to declare a killed node dead; a start placed on it meanwhile fails.
 RESTART_BACKOFF_S = 15.0
+#: A job's own output (elasticps.runtime.output.JobLog), in its folder.
+OUTPUT_DIR = "output"
 #: Rounds between two prunings of old events and observations.
 PRUNE_EVERY_ROUNDS = 50
 
@@ -179,6 +183,8 @@ class Manager:
         self._not_before: dict[str, float] = {}  # a job that failed starts again from then on
         self._unfit: dict[str, str] = {}  # the "cannot fit" message last stored per job
         self._admitted: set[str] = set()  # jobs whose code this manager checked it may run (see admissible)
+        self.waiting: dict[str, Waiting] = {}  # why each active job without a handle here is not running
+        self._start_errors: dict[str, str] = {}  # this round's failed starts
         self._rounds = 0
         # the latest rounds' decisions: (time, {job: (ps, workers)}), for reports and tests
         self.decisions: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=1000)
@@ -192,11 +198,30 @@ class Manager:
     def submit(self, spec: JobSpec) -> JobRecord:
         """Store a new job; its program is resolved first, outside this process."""
         self.admissible(spec)
+        self._check_fits(spec)
         info = self.runtime.describe(spec)
         with self._lock:
             rec = self.store.add_job(spec, self.clock(), info)
+            self.waiting[spec.name] = SUBMITTED
         self.wake.set()
         return rec
+
+    def _check_fits(self, spec: JobSpec) -> None:
+        """UnschedulableError if the cluster, even empty, can never hold the job
+        (the simulator's test of its workloads). With a growing cluster
+        (``growth``) the nodes may change: the rounds say why it waits instead."""
+        if self.growth is not None:
+            return
+        view = JobView(
+            id=spec.name, speed=lambda p, w: 0.0, min_ps=spec.ps.min, max_ps=spec.ps.max,
+            min_workers=spec.workers.min, max_workers=spec.workers.max,
+            ps_resources=_resources(spec.ps), worker_resources=_resources(spec.workers),
+        )  # fmt: skip
+        with self._lock:
+            cluster = self.capacity.view(self._ours())
+        problem = fit_problem(view, cluster)
+        if problem is not None:
+            raise UnschedulableError(f"job {spec.name!r} can never run on this cluster: {problem}")
 
     def set_limits(self, name: str, patch: LimitsPatch) -> JobRecord:
         """Change a job's min/max PS and workers; the next round honours them."""
@@ -228,6 +253,7 @@ class Manager:
             if rec.state == JobState.CANCELLED:
                 return rec
             rec = self.store.transition(name, JobState.CANCELLED, self.clock(), f"job {name} cancelled")
+            self.waiting.pop(name, None)
             live = self.live.pop(name, None)
             if live is not None:
                 self._to_close.append((name, live))
@@ -243,6 +269,7 @@ class Manager:
             )  # fmt: skip
             self._failures.pop(name, None)
             self._not_before.pop(name, None)
+            self.waiting[name] = SUBMITTED
         self.wake.set()
         return rec
 
@@ -318,6 +345,7 @@ class Manager:
                     views.append(view)
             self._note_unfit(views, cluster, now)
             started = time.perf_counter()
+            self._start_errors.clear()
             current = {n: live.asked_placement for n, live in self.live.items()}
             state = self.state
 
@@ -347,6 +375,7 @@ class Manager:
                         self._apply_batch(
                             rec.name, batches[rec.name], now, partial(batch_reason, view, shape, default=self.objective)
                         )
+            self._note_waiting([r for r in active if r.name not in culprits], views, cluster, placed.placement, now)
             if self.growth is not None:
                 self._grow(views, cluster, current, now)
             self._rounds += 1
@@ -420,6 +449,11 @@ class Manager:
             cluster = None
         return MetricsSnapshot(records, statuses, rescales, held, cluster)
 
+    def output(self, name: str, after: int = 0) -> tuple[str, int, int]:
+        """The job's own output from byte ``after`` on: ``(text, next offset, bytes dropped)``."""
+        self.store.get_job(name)  # KeyError if there is no such job
+        return JobLog(job_dir(self.workdir, name) / OUTPUT_DIR).read(after)
+
     def held(self) -> dict[str, Resources]:
         """What our jobs hold per node now (see :meth:`_ours`)."""
         with self._lock:
@@ -492,6 +526,7 @@ class Manager:
             log.warning("job %s: could not %s: %s", rec.name, verb, exc)
             self.store.add_event(now, rec.name, "error", f"could not {verb}: {exc}")
             if live is None:
+                self._start_errors[rec.name] = str(exc)
                 failures = self._count_failure(rec.name)
                 if failures >= MAX_FAILURES:
                     self._finish_state(rec.name, JobState.FAILED, now, f"job failed: {failures} starts failed: {exc}")
@@ -516,7 +551,8 @@ class Manager:
             worker_resources=_task_resources(spec.workers),
         )
         env = spec.runtime_env.to_ray() if spec.runtime_env else None
-        launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement), env)
+        output = str(job_dir(self.workdir, rec.name) / OUTPUT_DIR)
+        launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement), env, output)
         live = _Live(self.runtime.start(launch), shape, dict(placement))
         try:  # a start the store cannot record (its database locked, its disk full) is released
             self.store.set_desired(rec.name, shape)
@@ -529,6 +565,7 @@ class Manager:
             self._to_close.append((rec.name, live))
             raise
         self.live[rec.name] = live
+        self.waiting.pop(rec.name, None)
 
     def _collect(self, now: float) -> bool:
         """Poll every job here: record new speed observations, store runtime
@@ -594,6 +631,8 @@ class Manager:
                 if st.state == "finished":
                     metric = f", metric {st.metric:.6g}" if st.metric is not None else ""
                     self._retire(name, live, JobState.FINISHED, now, f"job finished at step {st.step}{metric}")
+                elif st.state == "failed" and st.fatal:  # its own error before a step: again would fail again
+                    self._retire(name, live, JobState.FAILED, now, f"job failed before its first step: {st.error}")
                 elif st.state == "failed":
                     self._stopped_by_failure(name, live, now, st.error or "unknown error")
                 else:  # stopped without being cancelled: start it again from its checkpoint
@@ -659,6 +698,7 @@ class Manager:
 
     def _finish_state(self, name: str, state: JobState, now: float, message: str) -> None:
         self.rescale_costs.forget(name)
+        self.waiting.pop(name, None)
         try:
             self.store.transition(name, state, now, message)
         except IllegalTransition as exc:  # e.g. cancelled meanwhile: the cancel stands
@@ -710,6 +750,28 @@ class Manager:
                 self._unfit[view.id] = problem
             else:
                 self._unfit.pop(view.id, None)
+
+    def _note_waiting(
+        self, active: list[JobRecord], views: list[JobView], cluster: ClusterView, placed: dict, now: float
+    ) -> None:
+        """Say why each active job without a handle here is not running (see :mod:`.waiting`)."""
+        by_id = {v.id: v for v in views}
+        free = free_after(cluster, placed, by_id)
+        for rec in active:
+            if rec.name in self.live:
+                continue
+            view = by_id.get(rec.name)
+            if not self._may_start(rec.name, now):
+                failures = self._failures.get(rec.name, 0)
+                wait_s = self._not_before[rec.name] - now
+                why = Waiting(f"starts again from its latest checkpoint in {wait_s:.0f} s ({failures}/{MAX_FAILURES})")
+            elif rec.name in self._start_errors:
+                why = Waiting(f"could not start: {self._start_errors[rec.name]}")
+            elif view is not None:
+                why = why_waiting(view, cluster, free, len(placed))
+            else:
+                continue
+            self.waiting[rec.name] = why
 
     def _info(self, rec: JobRecord, now: float) -> ProgramInfo | None:
         if rec.info is not None:

@@ -367,6 +367,13 @@ class Store:
         )
         return {job: (at, kind, msg) for job, at, kind, msg in rows}
 
+    def last_event(self, job: str, kind: str) -> str | None:
+        """The message of the job's latest event of this kind (None: there is none)."""
+        row = self._db.execute(
+            "SELECT message FROM events WHERE job = ? AND kind = ? ORDER BY id DESC LIMIT 1", (job, kind)
+        ).fetchone()
+        return row[0] if row else None
+
     def prune(self, keep: Retention) -> int:
         """Drop the oldest events and each job's oldest observations beyond ``keep``; rows deleted."""
         with self._transaction() as db:

@@ -30,7 +30,7 @@ import numpy as np
 import ray
 import torch
 
-from elasticps.errors import ConfigError, JobEndedError, JobFailedError, PlacementError
+from elasticps.errors import ConfigError, JobEndedError, JobFailedError, PlacementError, UserCodeError
 from elasticps.program import TrainingProgram, load_program
 from elasticps.runtime import tasks, user_loop
 from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore
@@ -144,6 +144,7 @@ class JobController:
         self.state = "created"
         self.error: str | None = None
         self.final_metric: float | None = None  # the metric of the final parameters, once finished
+        self.started_step: int | None = None  # the step this run started from, once its tasks run
 
         self._batches: GlobalBatches | None = None
         self._dataset_ref: Any = None  # the training set in the object store, for new workers (None: they build it)
@@ -327,6 +328,7 @@ class JobController:
         self._install(pending, started, state)
         self._applied_request = request_id
         self._epoch_start = (time.monotonic(), self.samples_seen)
+        self.started_step = self.step
         self.state = "running"
         if self._store and ckpt is None:
             self.checkpoint()
@@ -907,6 +909,7 @@ class JobController:
                         node,
                         shared_memory=self.config.mode == "sync" and self.config.shared_memory,
                         dataset=self._dataset_ref,
+                        name=task_name(kind, i),
                     )
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:
@@ -1025,7 +1028,7 @@ class JobController:
             self._restore_ps([])
         if not dead_ps and not dead_workers:
             cause = getattr(exc, "cause", None) or exc
-            raise JobFailedError(f"step {self.step} failed in user code: {type(cause).__name__}: {cause}") from exc
+            raise UserCodeError(f"step {self.step} failed in user code: {type(cause).__name__}: {cause}") from exc
         if dead_workers:
             self._event(f"{len(dead_workers)} worker(s) died; continuing with {len(self.workers) - len(dead_workers)}")
             for t in dead_workers:

@@ -12,7 +12,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from elasticps.errors import PlacementError
 from elasticps.program import TrainingProgram
+from elasticps.runtime import output
 from elasticps.runtime.config import TaskResources
+from elasticps.runtime.output import TaskOutput
 from elasticps.runtime.ps import PSShard
 from elasticps.runtime.worker import Worker
 
@@ -29,10 +31,25 @@ def _actor_class(kind: Kind, program: Any) -> Any:
         if loop:
             from elasticps.runtime.loop_worker import MAX_CONCURRENCY, LoopWorker
 
-            _ACTOR_CLASSES[key] = ray.remote(max_concurrency=MAX_CONCURRENCY)(LoopWorker)
+            _ACTOR_CLASSES[key] = ray.remote(max_concurrency=MAX_CONCURRENCY)(_with_output(LoopWorker))
         else:
-            _ACTOR_CLASSES[key] = ray.remote(PSShard if kind == "ps" else Worker)
+            _ACTOR_CLASSES[key] = ray.remote(_with_output(PSShard if kind == "ps" else Worker))
     return _ACTOR_CLASSES[key]
+
+
+def _with_output(cls: type) -> type:
+    """``cls`` whose constructor first tees the process's output to its job's
+    driver (``output``: see :mod:`elasticps.runtime.output`), so that what the
+    program prints while it builds the model is kept too."""
+
+    class Teed(cls):  # type: ignore[valid-type, misc]
+        def __init__(self, *args: Any, output: TaskOutput | None = None, **kwargs: Any) -> None:
+            if output is not None:
+                output.install()
+            super().__init__(*args, **kwargs)
+
+    Teed.__name__ = Teed.__qualname__ = cls.__name__
+    return Teed
 
 
 @dataclass
@@ -87,17 +104,18 @@ def launch(
     node_id: str | None,
     shared_memory: bool = False,
     dataset: Any = None,
+    name: str | None = None,
 ) -> PendingTask:
     """Start an actor (pinned to ``node_id`` with hard affinity if given); do not wait.
     ``dataset``: a worker's training set (an object ref, see :func:`share_dataset`;
-    None: the worker builds it)."""
+    None: the worker builds it). ``name`` (``worker-1``) tags its output in its job's log."""
     options: dict[str, Any] = {"max_restarts": 0, **resources.ray_options()}
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     args: tuple[Any, ...] = (program, threads, shared_memory, resources.cpu_limit)
     if kind == "worker" and dataset is not None:
         args += (dataset,)
-    handle = _actor_class(kind, program).options(**options).remote(*args)
+    handle = _actor_class(kind, program).options(**options).remote(*args, output=output.for_task(name))
     return PendingTask(kind, handle, handle.ready.remote(), node_id, resources)
 
 

@@ -1,0 +1,36 @@
+"""A job's own output log (elasticps.runtime.output): bounded, followed by
+offset, told what was dropped; a process's streams teed into tagged lines."""
+
+from __future__ import annotations
+
+import sys
+
+from elasticps.runtime.output import JobLog, _Lines, _Tee
+
+
+def test_the_log_keeps_the_newest_output_within_its_bound_and_says_what_it_dropped(tmp_path):
+    log = JobLog(tmp_path / "out", max_bytes=4096)
+    lines = [f"[worker-{i % 3}] line {i:05d} " + "x" * 40 for i in range(1000)]  # ~60 KB in all
+    for i in range(0, 1000, 10):
+        log.write(lines[i : i + 10])
+    kept = sum(p.stat().st_size for p in (tmp_path / "out").iterdir())
+    assert 2048 < kept <= 4096 + 2 * 10 * 63  # two files, each at most half the bound and one write
+    text, end, dropped = log.read(0)
+    assert dropped > 0 and text.splitlines()[-1] == lines[-1]
+    assert end == sum(len(line) + 1 for line in lines)  # offsets count every byte ever written
+    assert text.splitlines() == lines[-len(text.splitlines()) :]  # whole lines, in order, nothing skipped
+    assert log.read(end) == ("", end, 0)  # a follower at the end reads nothing new
+    log.write(["[driver] done"])
+    assert log.read(end) == ("[driver] done\n", end + 14, 0)
+    assert oct((tmp_path / "out").stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_processes_streams_become_tagged_lines_and_still_reach_the_original(capsys):
+    got: list[str] = []
+    lines = _Lines("worker-1", got.extend, every_s=None)
+    tee = _Tee(sys.stdout, lines, "stdout")
+    tee.write("half a ")
+    assert got == []  # a line is sent once it is whole
+    tee.write("line\nand two\nmore\n")
+    assert got == ["[worker-1] half a line", "[worker-1] and two", "[worker-1] more"]
+    assert capsys.readouterr().out == "half a line\nand two\nmore\n"
