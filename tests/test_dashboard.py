@@ -48,7 +48,7 @@ SPEC = "name: {name}\nprogram: elasticps.examples.digits:program\nargs: {args}\n
 JOBS = {
     "long": ("{epochs: 400}", "{min: 1, max: 2, cpu: 0.5}"),  # runs through the test
     "short": ("{epochs: 2}", "{min: 1, max: 2, cpu: 0.5}"),  # finishes in seconds
-    "huge": ("{epochs: 2}", "{min: 1, max: 2, cpu: 64}"),  # a worker larger than any node: waits, with the reason
+    "huge": ("{epochs: 2}", "{min: 1, max: 2, cpu: 64}"),  # a worker larger than any node now: waits, says why
     "broken": ("{seed: -5}", "{min: 1, max: 1, cpu: 0.5}"),  # its data order raises at the first step
     "dropped": ("{epochs: 400}", "{min: 1, max: 1, cpu: 0.5}"),  # cancelled before it starts
 }
@@ -152,7 +152,11 @@ def site(ray_local, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard")
     manager = Manager(Store(tmp / "m.db"), tmp / "work", report_interval_s=0.5)
     for name, (args, workers) in JOBS.items():
-        manager.submit(parse_spec(SPEC.format(name=name, args=args, workers=workers)))
+        spec = parse_spec(SPEC.format(name=name, args=args, workers=workers))
+        if name == "huge":  # accepted when the cluster was larger (a submit now refuses it): stored as it was
+            manager.store.add_job(spec, time.time(), manager.runtime.describe(spec))
+        else:
+            manager.submit(spec)
     manager.cancel("dropped")
     manager.step()
     deadline = time.monotonic() + 240  # a busy machine starts three jobs' processes slowly

@@ -169,8 +169,12 @@ def test_a_job_that_can_never_fit_is_refused_with_the_numbers_and_a_waiting_one_
     monkeypatch.setenv("ELASTICPS_TOKEN", TOKEN)
     url = str(client.http.base_url).rstrip("/")
     assert main(["status", "--url", url]) == 0
-    assert re.search(shown.pattern.rstrip("$"), capsys.readouterr().out)
-    assert main(["describe", "waiter", "--url", url]) == 0
+    out = capsys.readouterr().out
+    assert re.search(shown.pattern.rstrip("$"), out), out
+    assert main(["describe", "waiter", "--url", url, "-o", "json"]) == 0
     assert shown.match(json.loads(capsys.readouterr().out)["reason"])
+    assert main(["describe", "waiter", "--url", url]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"reason:\s+" + shown.pattern.rstrip("$"), out), out
     for name in ("holder", "waiter"):
         client.cancel(name)

@@ -163,15 +163,12 @@ def _reason(
     manager: Manager, rec: JobRecord, state: JobState, event: tuple | None, move: dict | None, now: float
 ) -> str | None:
     """Why a pending job waits, or why a job failed or was cancelled (None for the others)."""
-    if state == JobState.PENDING:
-        again = manager.restart_at(rec.name)
-        if again is not None and again > now:
-            last = f": {event[2]}" if event and event[1] == "error" else ""
-            return f"starts again in {again - now:.0f} s{last}"
+    if state == JobState.PENDING:  # the manager's one account of why (elasticps.manager.waiting), as the API's
+        waiting = manager.waiting.get(rec.name)
+        if waiting is not None:
+            return waiting.reason
         if move is not None and move["action"] in ("wait", "unfit"):
             return move["text"]
-        if event is not None and event[1] == "unfit":
-            return event[2]
         return "waits for the next round"
     if state in (JobState.FAILED, JobState.CANCELLED) and event is not None:
         return event[2]

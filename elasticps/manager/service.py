@@ -464,11 +464,6 @@ class Manager:
         with self._lock:
             return self._failures.get(name, 0)
 
-    def restart_at(self, name: str) -> float | None:
-        """When a job that failed while running starts again (None: it is not waiting to)."""
-        with self._lock:
-            return self._not_before.get(name) if name not in self.live else None
-
     def statuses(self) -> dict[str, JobStatus]:
         """The last poll of every job running here."""
         with self._lock:
