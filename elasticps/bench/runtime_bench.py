@@ -105,11 +105,20 @@ class _PSSide:
             self.shm.close()
 
 
-def pushpull_mbps(repeats: int, shared: bool) -> float:
+def pushpull_mbps(repeats: int, shared: bool, nodes: tuple[str, str] | None = None) -> float:
     """Bytes moved per second by one push (worker -> PS) and one pull (PS -> worker)
     on one node: in place through shared memory (``shared``, the runtime's
-    same-node path) or copied through Ray's object store (its cross-node path)."""
-    worker, ps = _WorkerSide.remote(shared), _PSSide.remote(shared)
+    same-node path) or copied through Ray's object store (its cross-node path).
+    ``nodes``: the Ray node ids of the worker's and the PS's end (default: wherever Ray puts them)."""
+    if nodes is None:
+        worker, ps = _WorkerSide.remote(shared), _PSSide.remote(shared)
+    else:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        worker, ps = (
+            side.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(shared)
+            for side, node in zip((_WorkerSide, _PSSide), nodes, strict=True)
+        )
 
     def round_trip() -> None:
         grad_ref = worker.push.remote()

@@ -159,7 +159,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: bench batches: {exc}") from None
         write_json(args.json, result)
         return 0
+    if args.what == "peers":
+        return _bench_peers(args)
     raise SystemExit(f"unknown benchmark {args.what!r}")
+
+
+def _bench_peers(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from elasticps.bench.peers import report
+    from elasticps.bench.peers import run as peers
+
+    config = peers.QUICK if args.quick else peers.PeersConfig()
+    changes: dict[str, Any] = {}
+    if args.workloads:
+        changes["workloads"] = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+    if args.workers:
+        changes["workers"] = tuple(_int_list(args.workers))
+    if args.repeats:
+        changes["repeats"] = changes["resize_repeats"] = args.repeats
+    if args.steps:
+        changes["steps"] = args.steps
+    if args.resize_systems is not None:
+        changes["resize_systems"] = tuple(s.strip() for s in args.resize_systems.split(",") if s.strip())
+    try:
+        config = dataclasses.replace(config, **changes)
+    except ValueError as exc:
+        raise SystemExit(f"error: bench peers: {exc}") from None
+    result = peers.run(config, say=lambda line: print(line, file=sys.stderr, flush=True))
+    print(report.table(result), file=sys.stderr)
+    print(f"plot: {report.plot(result, Path(args.plot))}", file=sys.stderr)
+    write_json(args.json, result)
+    return 0 if result["trained"] else 1
 
 
 def _int_list(text: str) -> list[int]:
@@ -216,16 +247,25 @@ def add_parsers(sub: Any) -> None:
     bench = sub.add_parser("bench", help="run a benchmark and print JSON")
     bench.add_argument(
         "what",
-        choices=["runtime", "scheduler", "manager", "placement", "chaos", "shapes", "explore", "batches"],
+        choices=["runtime", "scheduler", "manager", "placement", "chaos", "shapes", "explore", "batches", "peers"],
         help="runtime: throughput and rescale pauses; scheduler: decision time; manager: a live round's time "
         "with many ended jobs stored; placement: cross-node bytes; "
         "chaos: faults vs invariants; shapes: a real job's speed grid; explore: the probe walk on that grid; "
-        "batches: epochs to a target accuracy at each fixed global batch (what a bigger batch costs)",
+        "batches: epochs to a target accuracy at each fixed global batch (what a bigger batch costs); "
+        "peers: the runtime beside DDP-gloo, a plain Ray PS, Ray Train and torchrun (throughput, resize cost)",
     )
     bench.add_argument(
-        "--steps", type=int, default=None, help="placement: steps per job (20); shapes: steps timed per shape (8)"
+        "--steps",
+        type=int,
+        default=None,
+        help="placement: steps per job (20); shapes: steps timed per shape (8); peers: steps timed per run (20)",
     )
-    bench.add_argument("--quick", action="store_true", help="runtime: fewer repetitions")
+    bench.add_argument("--quick", action="store_true", help="runtime, peers: a short run (fewer repetitions)")
+    bench.add_argument("--workloads", help="peers: comma-separated (dense_mlp_10m,transformer,embedding)")
+    bench.add_argument("--workers", help="peers: comma-separated worker counts (1,2,4)")
+    bench.add_argument("--repeats", type=int, default=None, help="peers: repeats of every measurement (3)")
+    bench.add_argument("--resize-systems", help="peers: comma-separated (elasticps,ray_train,torchrun; '' for none)")
+    bench.add_argument("--plot", default="out/bench-peers.png", help="peers: where to write the plot")
     bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
     bench.add_argument("--nodes", type=int, default=256, help="scheduler: number of nodes")
     bench.add_argument("--rounds", type=int, default=21, help="scheduler: decisions timed; manager: rounds timed")

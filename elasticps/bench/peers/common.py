@@ -1,0 +1,44 @@
+"""What every system's run returns, and the timing rules they share."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunResult:
+    """One timed run of one system.
+
+    ``losses``: the global batch's mean loss at every step trained (warm-up
+    included), so a run that did not train shows it. ``comm_share``: the part
+    of a step's wall time spent neither in the forward/backward pass nor in
+    the optimizer update (communication, and waiting on it), or None.
+    """
+
+    system: str
+    samples_per_s: float
+    comm_share: float | None
+    losses: list[float]
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def trained(self) -> bool:
+        """The loss of the last steps is below that of the first ones."""
+        k = max(1, len(self.losses) // 4)
+        return len(self.losses) >= 2 and statistics.fmean(self.losses[-k:]) < statistics.fmean(self.losses[:k])
+
+
+def comm_share(step_s: float, compute_s: float) -> float:
+    """``1 - compute / step``, clipped to [0, 1]."""
+    if step_s <= 0:
+        return float("nan")
+    return min(1.0, max(0.0, 1.0 - compute_s / step_s))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,107 @@
+"""``elasticps``: the runtime's sync PS, timed as a user runs it (default config).
+
+Throughput: a P x W job on one node (or pinned over several nodes), the
+steps after a warm-up timed by the driver. Resize: a 1 x 2 job training in a
+thread, rescaled live to 1 x 4 and back (new workers start in the background;
+the switch happens at a step boundary), every step's time and samples kept.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+from elasticps.bench.peers.common import RunResult, comm_share
+from elasticps.bench.peers.resize import Timeline
+from elasticps.bench.peers.workloads import Workload
+from elasticps.runtime import JobConfig, JobController, TaskResources
+from elasticps.runtime.reports import WindowReport
+
+
+def _config(threads: int) -> JobConfig:
+    return JobConfig(
+        report_interval_s=1e-6,  # a window per step: every step's loss and times
+        ps_resources=TaskResources(cpu=1.0),
+        worker_resources=TaskResources(cpu=1.0),
+        ps_threads=threads,
+        worker_threads=threads,
+        placement_timeout_s=300.0,
+    )
+
+
+def run(
+    workload: Workload,
+    workers: int,
+    steps: int,
+    warmup: int = 2,
+    threads: int = 1,
+    num_ps: int = 1,
+    placement: dict[str, str] | None = None,
+) -> RunResult:
+    program = workload.program()
+    job = JobController(program, _config(threads), num_ps, workers, placement=placement)
+    try:
+        job.run(max_steps=warmup)
+        t0 = time.perf_counter()
+        job.run(max_steps=steps)
+        elapsed = time.perf_counter() - t0
+        windows = job.report().windows
+    finally:
+        job.shutdown()
+    timed = [w for w in windows if w.first_step >= warmup]
+    compute = statistics.median(w.mean_step_times.compute_s + w.mean_step_times.update_s for w in timed)
+    step_s = elapsed / steps
+    parts = {
+        k: statistics.median(getattr(w.mean_step_times, k) for w in timed)
+        for k in ("compute_s", "pull_s", "push_s", "update_s", "wait_s")
+    }
+    return RunResult(
+        "elasticps",
+        steps * program.batch_size / elapsed,
+        comm_share(step_s, compute),
+        [w.loss for w in windows],
+        {"num_ps": num_ps, "step_s": step_s, **parts},
+    )
+
+
+def resize(
+    workload: Workload,
+    sizes: tuple[int, ...],
+    hold_s: float,
+    threads: int = 1,
+    say: Callable[[str], None] = lambda _: None,
+) -> Timeline:
+    """Train 1 x ``sizes[0]`` for ``hold_s``; then rescale live to each later size
+    in turn, training ``hold_s`` after each switch."""
+    timeline = Timeline("elasticps", how="live rescale (JobController.rescale): new workers start while it trains")
+
+    def on_window(w: WindowReport) -> None:
+        timeline.add(time.monotonic(), w.samples, w.num_workers, w.loss)
+
+    program = workload.program()
+    job = JobController(program, _config(threads), 1, sizes[0], on_window=on_window)
+    job.start()
+    thread = job.run_in_thread()
+    try:
+        for workers in sizes[1:]:
+            _sleep_training(job, hold_s)
+            timeline.mark(time.monotonic(), workers)
+            say(f"elasticps: rescale to 1 x {workers}")
+            job.wait_rescale(job.rescale(1, workers), timeout_s=600)
+        _sleep_training(job, hold_s)
+    finally:
+        job.stop()
+        thread.join()
+        job.shutdown()
+    if job.error:
+        raise RuntimeError(f"elasticps resize run failed: {job.error}")
+    return timeline
+
+
+def _sleep_training(job: JobController, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if job.error:
+            raise RuntimeError(f"elasticps job failed: {job.error}")
+        time.sleep(0.05)

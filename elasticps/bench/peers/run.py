@@ -1,0 +1,316 @@
+"""``elasticps bench peers``: every system measured in one interleaved run.
+
+Within each repeat every system runs once per (workload, W), in an order
+rotated from repeat to repeat, so a machine whose speed drifts during the run
+moves every system alike; each figure is the median over repeats. The
+driver runs on a ``ray.cluster_utils.Cluster`` it starts: a head node for the
+one-node runs, and nodes added for the runs that need more (the 3-node
+elasticps runs, Ray Train's resize) and removed after.
+
+elasticps runs at P = 1 and at each P of ``ps_sweep``; its figure in
+``throughput`` is the P with the highest median (a small sweep, said in
+``throughput_detail``), beside P = 1's.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from elasticps.bench.peers import ddp, elasticps_ps, plain_ps, ray_train, torchrun
+from elasticps.bench.peers.common import RunResult
+from elasticps.bench.peers.resize import Timeline, summarize
+from elasticps.bench.peers.workloads import NAMES, Workload
+
+THROUGHPUT_SYSTEMS = ("elasticps", "ddp_gloo", "plain_ps")
+RESIZE_SYSTEMS = ("elasticps", "ray_train", "torchrun")
+HEAD_CPUS = 8
+NODE_CPUS = 4
+
+
+@dataclass(frozen=True)
+class PeersConfig:
+    workloads: tuple[str, ...] = NAMES
+    workers: tuple[int, ...] = (1, 2, 4)
+    ps_sweep: tuple[int, ...] = (1, 2)
+    repeats: int = 3
+    steps: int = 20
+    warmup: int = 2
+    threads: int = 1
+    three_nodes: bool = True
+    resize_workload: str = "dense_mlp_10m"
+    resize_sizes: tuple[int, ...] = (2, 4, 2)
+    resize_hold_s: float = 20.0
+    resize_repeats: int = 3
+    resize_systems: tuple[str, ...] = RESIZE_SYSTEMS
+    limit_repeats: int = 10  # 0: no push+pull measurement
+    small: bool = False  # the workloads' small versions (tests)
+
+    def __post_init__(self) -> None:
+        for name in (*self.workloads, self.resize_workload):
+            if name not in NAMES:
+                raise ValueError(f"unknown workload {name!r}; choose from {', '.join(NAMES)}")
+        unknown = set(self.resize_systems) - set(RESIZE_SYSTEMS)
+        if unknown:
+            raise ValueError(f"unknown resize systems {sorted(unknown)}; choose from {', '.join(RESIZE_SYSTEMS)}")
+        if min(self.workers, default=0) < 1 or self.repeats < 1 or self.steps < 1:
+            raise ValueError("workers, repeats and steps must be >= 1")
+
+
+QUICK = PeersConfig(
+    workers=(1, 2),
+    repeats=1,
+    steps=4,
+    resize_hold_s=6.0,
+    resize_repeats=1,
+    limit_repeats=3,
+)
+
+
+def run(config: PeersConfig, say: Callable[[str], None] = lambda _: None, cluster: Any = None) -> dict[str, Any]:
+    """Every measurement of ``config``; ``cluster``: a running ``ray.cluster_utils.Cluster``
+    the driver is connected to (else one is started and shut down here)."""
+    own = cluster is None
+    if own:
+        cluster = start_cluster()
+    load_before = os.getloadavg()
+    started = time.time()
+    try:
+        runs = throughput_runs(config, say)
+        spread = three_node_runs(config, cluster, say) if config.three_nodes else {}
+        timelines = resize_runs(config, cluster, say)
+        limit = limits(config, cluster) if config.limit_repeats > 0 else {}
+    finally:
+        if own:
+            stop_cluster(cluster)
+    out = {
+        "setup": setup(config),
+        "machine": {"cpus": os.cpu_count(), "load_before": load_before, "load_after": os.getloadavg()},
+        "wall_s": time.time() - started,
+        "throughput": throughput_table(runs),
+        "throughput_detail": throughput_detail(runs),
+        "throughput_3node": spread,
+        "resize": {system: _median_costs(tls) for system, tls in timelines.items()},
+        "resize_timelines": {system: tls[-1].to_json() for system, tls in timelines.items()},
+        "limit": limit,
+        "trained": all(
+            r.trained for per_w in runs.values() for per in per_w.values() for rs in per.values() for r in rs
+        )
+        and all(_trained(t) for tls in timelines.values() for t in tls),
+    }
+    out["goals"] = goals(out)
+    return out
+
+
+def setup(config: PeersConfig) -> dict[str, Any]:
+    return {
+        "config": asdict(config),
+        "workloads": {name: Workload(name, config.small).describe() for name in config.workloads},
+        "same_for_every_system": "model, data and its order, global batch, optimizer, torch threads per process; "
+        "1 CPU (Ray's num_cpus) per PS or worker task; DDP ranks are plain processes",
+        "comm_share": "1 - (forward/backward + optimizer update) / step wall time; DDP's forward/backward timed "
+        "without its all-reduce (no_sync)",
+        "elasticps_ps": f"P = 1 and the best of P in {list(config.ps_sweep)} by median (a sweep)",
+    }
+
+
+# ------------------------------------------------------------------ throughput
+Runs = dict[str, dict[int, dict[str, list[RunResult]]]]  # workload -> W -> label -> repeats
+
+
+def throughput_runs(config: PeersConfig, say: Callable[[str], None]) -> Runs:
+    runs: Runs = {}
+    for r in range(config.repeats):
+        for name in config.workloads:
+            workload = Workload(name, config.small)
+            for w in config.workers:
+                labels = [f"elasticps_p{p}" for p in config.ps_sweep] + ["ddp_gloo", "plain_ps"]
+                shift = r % len(labels)
+                for label in labels[shift:] + labels[:shift]:
+                    result = _one(label, workload, w, config)
+                    say(f"repeat {r + 1}/{config.repeats} {name} W={w} {label}: {result.samples_per_s:.0f} samples/s")
+                    runs.setdefault(name, {}).setdefault(w, {}).setdefault(label, []).append(result)
+    return runs
+
+
+def _one(label: str, workload: Workload, w: int, config: PeersConfig) -> RunResult:
+    kw = {"steps": config.steps, "warmup": config.warmup, "threads": config.threads}
+    if label.startswith("elasticps_p"):
+        return elasticps_ps.run(workload, w, num_ps=int(label.removeprefix("elasticps_p")), **kw)
+    return (ddp if label == "ddp_gloo" else plain_ps).run(workload, w, **kw)
+
+
+def _median(results: list[RunResult]) -> float:
+    return statistics.median(r.samples_per_s for r in results)
+
+
+def throughput_table(runs: Runs) -> dict[str, dict[str, dict[str, float]]]:
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for name, per_w in runs.items():
+        for w, per in per_w.items():
+            eps = max((k for k in per if k.startswith("elasticps_p")), key=lambda k: _median(per[k]))
+            row = {"elasticps": _median(per[eps])}
+            row.update({k: _median(per[k]) for k in ("ddp_gloo", "plain_ps") if k in per})
+            table.setdefault(name, {})[str(w)] = row
+    return table
+
+
+def throughput_detail(runs: Runs) -> dict[str, Any]:
+    detail: dict[str, Any] = {}
+    for name, per_w in runs.items():
+        for w, per in per_w.items():
+            cell: dict[str, Any] = {}
+            for label, results in per.items():
+                shares = [r.comm_share for r in results if r.comm_share is not None]
+                cell[label] = {
+                    "samples_per_s": _median(results),
+                    "repeats": [r.samples_per_s for r in results],
+                    "comm_share": statistics.median(shares) if shares else None,
+                    "trained": all(r.trained for r in results),
+                    "first_loss": results[0].losses[0],
+                    "last_loss": results[0].losses[-1],
+                }
+            eps = max((k for k in per if k.startswith("elasticps_p")), key=lambda k: _median(per[k]))
+            cell["elasticps_chosen_ps"] = int(eps.removeprefix("elasticps_p"))
+            detail.setdefault(name, {})[str(w)] = cell
+    return detail
+
+
+def three_node_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None]) -> dict[str, Any]:
+    """elasticps with its PS on the head node and its workers spread over two other nodes."""
+    import ray
+
+    nodes = [cluster.add_node(num_cpus=NODE_CPUS) for _ in range(2)]
+    cluster.wait_for_nodes()
+    try:
+        head = ray.get_runtime_context().get_node_id()
+        others = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head]
+        out: dict[str, Any] = {"how": "PS on the head node, workers alternating over two other Ray nodes"}
+        for name in config.workloads:
+            workload = Workload(name, config.small)
+            for w in config.workers:
+                pins = {"ps-0": head, **{f"worker-{i}": others[i % 2] for i in range(w)}}
+                results = [
+                    elasticps_ps.run(workload, w, config.steps, config.warmup, config.threads, 1, pins)
+                    for _ in range(config.repeats)
+                ]
+                say(f"3 nodes {name} W={w} elasticps: {_median(results):.0f} samples/s")
+                out.setdefault(name, {})[str(w)] = {"elasticps": _median(results)}
+        return out
+    finally:
+        for node in nodes:
+            cluster.remove_node(node)
+
+
+# ---------------------------------------------------------------------- resize
+def resize_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None]) -> dict[str, list[Timeline]]:
+    workload = Workload(config.resize_workload, config.small)
+    systems = list(config.resize_systems)
+    skipped = ray_train.available()
+    if skipped and "ray_train" in systems:
+        say(f"ray_train skipped: {skipped}")
+        systems.remove("ray_train")
+    timelines: dict[str, list[Timeline]] = {}
+    for r in range(config.resize_repeats):
+        shift = r % max(1, len(systems))
+        for system in systems[shift:] + systems[:shift]:
+            args = (workload, config.resize_sizes, config.resize_hold_s, config.threads, say)
+            if system == "elasticps":
+                tl = elasticps_ps.resize(*args)
+            elif system == "torchrun":
+                tl = torchrun.resize(*args)
+            else:
+                tl = ray_train.resize(*args, cluster=cluster)
+            costs = summarize(tl)
+            say(f"resize {system}: {costs['samples_lost']:.0f} samples lost, {costs['seconds_to_full_speed']:.1f} s")
+            timelines.setdefault(system, []).append(tl)
+    return timelines
+
+
+def _median_costs(timelines: list[Timeline]) -> dict[str, Any]:
+    each = [summarize(t) for t in timelines]
+    return {
+        "samples_lost": statistics.median(c["samples_lost"] for c in each),
+        "seconds_to_full_speed": statistics.median(c["seconds_to_full_speed"] for c in each),
+        "repeats": [{k: c[k] for k in ("samples_lost", "seconds_to_full_speed", "changes")} for c in each],
+        "trained": all(_trained(t) for t in timelines),
+        "how": each[0]["how"],
+    }
+
+
+def _trained(timeline: Timeline) -> bool:
+    losses = [x for x in timeline.losses() if x == x]
+    k = max(1, len(losses) // 4)
+    return len(losses) >= 2 and statistics.fmean(losses[-k:]) < statistics.fmean(losses[:k])
+
+
+# ---------------------------------------------------------------------- limits
+def limits(config: PeersConfig, cluster: Any) -> dict[str, Any]:
+    """Push+pull of 40 MB against memcpy, on one node and between two Ray nodes."""
+    import ray
+
+    from elasticps.bench import runtime_bench
+
+    repeats = config.limit_repeats
+    out: dict[str, Any] = {"payload_MB": runtime_bench.PAYLOAD_FLOATS * 4 / 1e6}
+    out["memcpy_MBps"] = runtime_bench.memcpy_mbps(repeats)
+    out["pushpull_shm_MBps"] = runtime_bench.pushpull_mbps(repeats, shared=True)
+    out["pushpull_object_store_one_node_MBps"] = runtime_bench.pushpull_mbps(repeats, shared=False)
+    node = cluster.add_node(num_cpus=NODE_CPUS)
+    cluster.wait_for_nodes()
+    try:
+        head = ray.get_runtime_context().get_node_id()
+        other = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head)
+        out["pushpull_object_store_two_nodes_MBps"] = runtime_bench.pushpull_mbps(
+            repeats, shared=False, nodes=(head, other)
+        )
+    finally:
+        cluster.remove_node(node)
+    out["pushpull_shm_over_memcpy"] = out["pushpull_shm_MBps"] / out["memcpy_MBps"]
+    return out
+
+
+def goals(out: dict[str, Any]) -> dict[str, bool | None]:
+    resize = out["resize"]
+    eps = resize.get("elasticps", {}).get("samples_lost")
+
+    def fewer(peer: str) -> bool | None:
+        lost = resize.get(peer, {}).get("samples_lost")
+        return None if eps is None or lost is None else eps * 20 <= lost
+
+    dense = out["throughput"].get("dense_mlp_10m", {})
+    emb = out["throughput"].get("embedding", {})
+    ratios = [dense[w]["elasticps"] / dense[w]["ddp_gloo"] for w in ("2", "4") if w in dense]
+    return {
+        "resize_samples_lost_20x_fewer_than_ray_train": fewer("ray_train"),
+        "resize_samples_lost_20x_fewer_than_torchrun": fewer("torchrun"),
+        "dense_one_node_elasticps>=0.9x_ddp_at_W=2,4": all(r >= 0.9 for r in ratios) if ratios else None,
+        "embedding_elasticps>ddp_at_every_W": all(c["elasticps"] > c["ddp_gloo"] for c in emb.values())
+        if emb
+        else None,
+        "pushpull>=0.6x_memcpy": out["limit"]["pushpull_shm_over_memcpy"] >= 0.6 if out["limit"] else None,
+    }
+
+
+# --------------------------------------------------------------------- cluster
+def start_cluster() -> Any:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": False})
+    ray.init(address=cluster.address, logging_level="ERROR")
+    return cluster
+
+
+def stop_cluster(cluster: Any) -> None:
+    import ray
+
+    ray.shutdown()
+    cluster.shutdown()

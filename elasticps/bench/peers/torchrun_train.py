@@ -1,0 +1,72 @@
+"""The script torchrun runs in every worker: DDP on gloo that resumes from its checkpoint.
+
+As torchrun's elastic docs ask of a script: at every (re)start it loads the
+latest checkpoint, since a membership change restarts every worker. Rank 0
+writes a checkpoint every ``--checkpoint-every`` steps (atomically) and a line
+``time step world_size loss`` per step to ``DIR/steps.txt``.
+
+``python -m torch.distributed.run --nnodes=1:2 --nproc-per-node=2 ... -m elasticps.bench.peers.torchrun_train``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from elasticps.bench.peers.workloads import DataParallelStep, Workload
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workload", required=True)
+    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--dir", required=True, help="checkpoint and step log directory")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--checkpoint-every", type=int, default=16)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    program = Workload(args.workload, small=args.small).program()
+    stepper = DataParallelStep(program, program.build_dataset())
+    model = DistributedDataParallel(program.build_model())
+    opt = program.make_optimizer(list(model.parameters()))
+    directory = Path(args.dir)
+    step = resume(directory / "ckpt.pt", model.module, opt)
+    log = (directory / "steps.txt").open("a") if rank == 0 else None
+    while True:
+        batch = stepper.local_batch(step, rank, world)
+        opt.zero_grad(set_to_none=False)
+        loss_sum = stepper.forward_backward(model, batch, world)
+        opt.step()
+        step += 1
+        if log is not None:
+            log.write(f"{time.time():.6f} {step - 1} {world} {loss_sum / batch[2]:.6f}\n")
+            log.flush()
+            if step % args.checkpoint_every == 0:
+                save(directory / "ckpt.pt", model.module, opt, step)
+
+
+def resume(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=False)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

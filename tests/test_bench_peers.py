@@ -1,0 +1,110 @@
+"""``elasticps bench peers``: the resize arithmetic, and every system training the same job."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticps.bench.peers import report
+from elasticps.bench.peers import run as peers
+from elasticps.bench.peers.resize import Timeline, change_costs, summarize
+
+
+def _steady(timeline: Timeline, t0: float, t1: float, per_s: int, workers: int) -> None:
+    """A point every 0.1 s from just after ``t0`` to ``t1`` at ``per_s`` samples/s."""
+    n = round((t1 - t0) * 10)
+    for i in range(1, n + 1):
+        timeline.add(t0 + i / 10, per_s // 10, workers, 1.0)
+
+
+def test_a_stall_loses_the_samples_the_slower_rate_would_have_trained():
+    tl = Timeline("restart")
+    _steady(tl, 0.0, 10.0, 100, 2)
+    tl.mark(10.0, 4)
+    _steady(tl, 15.0, 30.0, 200, 4)  # nothing from 10 s to 15 s: a restart
+    [cost] = change_costs(tl)
+    # full speed at the first step at 4 workers (15.1 s); behind 100/s * 5.1 s - the 20 samples of that step
+    # (rates are taken over windows that do not fall on the 0.1 s grid: within 2%)
+    assert cost["seconds_to_full_speed"] == pytest.approx(5.1)
+    assert cost["samples_lost"] == pytest.approx(100 * 5.1 - 20, rel=0.02)
+    assert cost["rate_before"] == pytest.approx(100, rel=0.02) and cost["rate_after"] == pytest.approx(200, rel=0.02)
+
+
+def test_a_live_switch_loses_nothing_and_a_shrink_counts_against_the_new_rate():
+    tl = Timeline("live")
+    _steady(tl, 0.0, 10.0, 100, 2)
+    tl.mark(10.0, 4)
+    _steady(tl, 10.0, 20.0, 200, 4)
+    tl.mark(20.0, 2)
+    _steady(tl, 23.0, 33.0, 100, 2)  # a 3 s stall on the way down
+    grow, shrink = change_costs(tl)
+    assert grow["samples_lost"] == 0 and grow["seconds_to_full_speed"] == pytest.approx(0.1)
+    assert shrink["samples_lost"] == pytest.approx(100 * 3.1 - 10, rel=0.02)
+    assert summarize(tl)["samples_lost"] == pytest.approx((100 * 3.1 - 10) / 2, rel=0.02)
+
+
+def test_steps_redone_after_a_restart_are_not_progress():
+    rows = [(0.1 * i, i, 2, 1.0) for i in range(10)]  # steps 0..9
+    rows += [(5.0 + 0.1 * i, 8 + i, 4, 1.0) for i in range(6)]  # restarted from step 8: 8, 9 redone
+    tl = Timeline.from_steps("restart", rows, batch=32)
+    assert sum(s for _, s, _, _ in tl.points) == 32 * 14  # steps 0..13, each once
+    assert tl.points[10][0] == pytest.approx(5.2)  # step 10 is the first new one after the restart
+
+
+@pytest.fixture(scope="module")
+def quick_run():
+    config = peers.PeersConfig(
+        workloads=("dense_mlp_10m", "embedding"),
+        workers=(2,),
+        ps_sweep=(1,),
+        repeats=1,
+        steps=3,
+        three_nodes=False,
+        resize_systems=("elasticps", "torchrun"),
+        resize_hold_s=3.0,
+        resize_repeats=1,
+        limit_repeats=0,
+        small=True,
+    )
+    return peers.run(config)
+
+
+def test_every_system_trains_the_same_job_and_the_json_has_the_published_layout(quick_run, tmp_path):
+    out = quick_run
+    assert set(out["throughput"]) == {"dense_mlp_10m", "embedding"}
+    for name, per_w in out["throughput"].items():
+        assert set(per_w) == {"2"}
+        assert set(per_w["2"]) == {"elasticps", "ddp_gloo", "plain_ps"}
+        assert all(v > 0 for v in per_w["2"].values())
+        cell = out["throughput_detail"][name]["2"]
+        firsts = {k: cell[k]["first_loss"] for k in ("elasticps_p1", "ddp_gloo", "plain_ps")}
+        lasts = {k: cell[k]["last_loss"] for k in ("elasticps_p1", "ddp_gloo", "plain_ps")}
+        # the same model, data and batches: every system's losses agree (sync PS is exact)
+        assert max(firsts.values()) - min(firsts.values()) < 1e-5, firsts
+        assert max(lasts.values()) - min(lasts.values()) < 1e-4, lasts
+        assert all(cell[k]["trained"] for k in firsts), cell
+    assert set(out["resize"]) == {"elasticps", "torchrun"}
+    for system, cost in out["resize"].items():
+        assert cost["samples_lost"] >= 0 and cost["seconds_to_full_speed"] > 0, (system, cost)
+        assert cost["trained"], system
+        assert [c["to_workers"] for c in cost["repeats"][0]["changes"]] == [4, 2]
+    assert out["trained"]
+    assert "dense_mlp_10m" in report.table(out)
+    assert report.plot(out, tmp_path / "peers.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_ray_train_resizes_its_worker_group_when_a_node_joins_and_leaves():
+    config = peers.PeersConfig(
+        workloads=(),
+        three_nodes=False,
+        resize_systems=("ray_train",),
+        resize_hold_s=3.0,
+        resize_repeats=1,
+        limit_repeats=0,
+        small=True,
+    )
+    out = peers.run(config)
+    cost = out["resize"]["ray_train"]
+    assert cost["trained"]
+    assert [c["to_workers"] for c in cost["repeats"][0]["changes"]] == [4, 2]
+    assert cost["seconds_to_full_speed"] > 0
