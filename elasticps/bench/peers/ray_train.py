@@ -8,7 +8,11 @@ nodes are raylets of a ``ray.cluster_utils.Cluster``: the workers need a
 ``peers_train`` resource that only two 2-worker nodes have. Grow 2 -> 4: the
 second node joins. Shrink 4 -> 2: the second node is removed (its workers
 die, Ray Train restarts the group on what is left, ``FailureConfig``
-allowing it). Each worker trains the same DDP step as ``ddp_gloo`` and rank 0
+allowing it). Ray Train's view of the nodes is refreshed every 20 s
+(``AutoscalingCoordinator.TICK_INTERVAL_S``), so a restart soon after the
+node left may ask for 4 workers again and wait out the worker group's 60 s
+start timeout (``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``) before taking 2:
+defaults kept, as a user gets them. Each worker trains the same DDP step as ``ddp_gloo`` and rank 0
 reports a checkpoint every 16 steps.
 """
 
@@ -29,7 +33,8 @@ SLOT = "peers_train"
 HOW = (
     "Ray Train v2 TorchTrainer, ScalingConfig(num_workers=(2, 4), elastic_resize_monitor_interval_s=1): "
     "grow = a 2-worker Ray node joins, shrink = it is removed; the worker group restarts from the latest "
-    "checkpoint (reported every 16 steps)"
+    "checkpoint (reported every 16 steps). Ray Train sees nodes through a view refreshed every 20 s: after "
+    "the node leaves, its restart may first ask for 4 workers and wait out its 60 s worker-group start timeout"
 )
 
 

@@ -103,10 +103,15 @@ def plot(out: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _rolling(steps: list[list[float]], window_s: float) -> tuple[list[float], list[float]]:
+def _rolling(steps: list[list[float]], window_s: float, every_s: float = 0.25) -> tuple[list[float], list[float]]:
+    """Samples/s over the last ``window_s`` on a regular grid (stalls show as zero)."""
+    if not steps:
+        return [], []
+    end = steps[-1][0]
     ts, rates = [], []
-    for t, _, _ in steps:
-        inside = sum(s for u, s, _ in steps if t - window_s < u <= t)
+    t = steps[0][0]
+    while t <= end:
         ts.append(t)
-        rates.append(inside / window_s)
+        rates.append(sum(s for u, s, _ in steps if t - window_s < u <= t) / window_s)
+        t += every_s
     return ts, rates

@@ -62,7 +62,7 @@ class PeersConfig:
 
 
 QUICK = PeersConfig(
-    workers=(1, 2),
+    workers=(2,),
     repeats=1,
     steps=4,
     resize_hold_s=6.0,
