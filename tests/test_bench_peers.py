@@ -116,3 +116,19 @@ def test_ray_train_resizes_its_worker_group_when_a_node_joins_and_leaves():
     assert cost["trained"]
     assert [c["to_workers"] for c in cost["repeats"][0]["changes"]] == [4, 2]
     assert cost["seconds_to_full_speed"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--workloads", "resnet"], "unknown workload 'resnet'"),
+        (["--resize-systems", "horovod"], "unknown resize systems ['horovod']"),
+        (["--workers", "0"], "workers, repeats and steps must be >= 1"),
+    ],
+)
+def test_bad_options_are_refused_before_anything_starts(args, says, capsys):
+    from elasticps.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "peers", "--quick", *args])
+    assert says in str(exc.value)
