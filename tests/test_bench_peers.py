@@ -101,11 +101,13 @@ def test_every_system_trains_the_same_job_and_the_json_has_the_published_layout(
 
 
 @pytest.mark.slow
-def test_ray_train_resizes_its_worker_group_when_a_node_joins_and_leaves():
+def test_ray_train_grows_its_worker_group_when_a_node_joins():
+    # the grow only: Ray Train's shrink waits out a 60 s worker-group start timeout (see ray_train.py)
     config = peers.PeersConfig(
         workloads=(),
         three_nodes=False,
         resize_systems=("ray_train",),
+        resize_sizes=(2, 4),
         resize_hold_s=3.0,
         resize_repeats=1,
         limit_repeats=0,
@@ -114,8 +116,8 @@ def test_ray_train_resizes_its_worker_group_when_a_node_joins_and_leaves():
     out = peers.run(config)
     cost = out["resize"]["ray_train"]
     assert cost["trained"]
-    assert [c["to_workers"] for c in cost["repeats"][0]["changes"]] == [4, 2]
-    assert cost["seconds_to_full_speed"] > 0
+    assert [c["to_workers"] for c in cost["repeats"][0]["changes"]] == [4]
+    assert cost["seconds_to_full_speed"] > 0 and cost["samples_lost"] > 0  # a restart stalls
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,8 @@ def _train_loop(config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
 
+    from elasticps.bench.peers.resize import log_step
+    from elasticps.bench.peers.torchrun_train import resume, save
     from elasticps.bench.peers.workloads import DataParallelStep
     from elasticps.bench.peers.workloads import Workload as _Workload
 
@@ -67,29 +69,19 @@ def _train_loop(config: dict[str, Any]) -> None:
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
-            state = torch.load(Path(d) / "state.pt", weights_only=False)
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step = int(state["step"])
+            step = resume(Path(d) / "state.pt", model.module, opt)
     stop = Path(config["dir"]) / "stop"
     log = (Path(config["dir"]) / "steps.txt").open("a") if rank == 0 else None
     while True:
-        batch = stepper.local_batch(step, rank, world)
-        opt.zero_grad(set_to_none=False)
-        loss_sum = stepper.forward_backward(model, batch, world)
-        opt.step()
+        loss = stepper.train(model, opt, step, rank, world)
         step += 1
         if log is not None:
-            log.write(f"{time.time():.6f} {step - 1} {world} {loss_sum / batch[2]:.6f}\n")
-            log.flush()
+            log_step(log, step - 1, world, loss)
         if step % config["checkpoint_every"] == 0:
             with tempfile.TemporaryDirectory() as tmp:
                 ckpt = None
                 if rank == 0:
-                    torch.save(
-                        {"model": model.module.state_dict(), "optimizer": opt.state_dict(), "step": step},
-                        Path(tmp) / "state.pt",
-                    )
+                    save(Path(tmp) / "state.pt", model.module, opt, step)
                     ckpt = ray.train.Checkpoint.from_directory(tmp)
                 ray.train.report({"step": step}, checkpoint=ckpt)
             flag = torch.tensor([float(stop.exists())])

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 HOLD_SHARE = 0.5
 FULL = 0.9
@@ -133,6 +133,12 @@ def _full_speed_at(timeline: Timeline, t_req: float, t_end: float, workers: int,
         if b > t and timeline.rate(t, b) >= FULL * rate_after:
             return t
     return t_end
+
+
+def log_step(log: TextIO, step: int, workers: int, loss: float) -> None:
+    """One line of a step log (what :func:`read_step_log` reads), written through at once."""
+    log.write(f"{time.time():.6f} {step} {workers} {loss:.6f}\n")
+    log.flush()
 
 
 def read_step_log(path: Path) -> list[tuple[float, int, int, float]]:

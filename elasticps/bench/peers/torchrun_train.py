@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from elasticps.bench.peers.resize import log_step
 from elasticps.bench.peers.workloads import DataParallelStep, Workload
 
 
@@ -41,14 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     step = resume(directory / "ckpt.pt", model.module, opt)
     log = (directory / "steps.txt").open("a") if rank == 0 else None
     while True:
-        batch = stepper.local_batch(step, rank, world)
-        opt.zero_grad(set_to_none=False)
-        loss_sum = stepper.forward_backward(model, batch, world)
-        opt.step()
+        loss = stepper.train(model, opt, step, rank, world)
         step += 1
         if log is not None:
-            log.write(f"{time.time():.6f} {step - 1} {world} {loss_sum / batch[2]:.6f}\n")
-            log.flush()
+            log_step(log, step - 1, world, loss)
             if step % args.checkpoint_every == 0:
                 save(directory / "ckpt.pt", model.module, opt, step)
 

@@ -102,3 +102,11 @@ class DataParallelStep:
         loss = self.program.loss(forward(model, x), y)
         (loss * (b * world / self.program.batch_size)).backward()
         return float(loss.detach()) * b
+
+    def train(self, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int, rank: int, world: int) -> float:
+        """Step ``step`` on this rank, the optimizer's update included; returns the rank's mean loss."""
+        batch = self.local_batch(step, rank, world)
+        opt.zero_grad(set_to_none=False)
+        loss_sum = self.forward_backward(model, batch, world)
+        opt.step()
+        return loss_sum / batch[2]
