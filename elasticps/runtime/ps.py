@@ -43,6 +43,7 @@ class PSShard:
         self.opt, self.segments = program.shard_optimizer(self.data, 0)
         self.version = 0
         self._summed: tuple[int, np.ndarray, float] = (-1, np.zeros(0, np.float32), 0.0)
+        self._sum_out = np.zeros(0, np.float32)  # the buffer the workers' gradients are summed into, reused
 
     # -- lifecycle ------------------------------------------------------------
     def ready(self) -> dict[str, Any]:
@@ -119,10 +120,18 @@ class PSShard:
         arrays = [self._attached.resolve(g) for g in ray.get(grads)]
         received_at = time.time()
         with self.cpu_limit.held():
-            total = arrays[0] if len(arrays) == 1 else np.add(arrays[0], arrays[1])
+            total = arrays[0] if len(arrays) == 1 else np.add(arrays[0], arrays[1], out=self._sum_buffer(arrays[0]))
             for g in arrays[2:]:
                 total += g
         return total, received_at
+
+    def _sum_buffer(self, like: np.ndarray) -> np.ndarray:
+        """Where to sum a step's gradients: a fresh 40 MB array every step costs about as
+        much in page faults as the sum itself. A step's sum is used up (by :meth:`apply`)
+        before the next step's :meth:`reduce` or :meth:`apply` sums into it again."""
+        if self._sum_out.shape != like.shape:
+            self._sum_out = np.empty(like.shape, dtype=np.float32)
+        return self._sum_out
 
     def apply(
         self,
