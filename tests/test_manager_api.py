@@ -53,7 +53,7 @@ def test_submit_list_get_cancel_events_metrics(server):
     assert client.get("/jobs/nope").status_code == 404
     assert client.delete("/jobs/job-1").json()["state"] == "cancelled"
     assert client.delete("/jobs/job-1").json()["state"] == "cancelled"  # idempotent
-    assert client.post("/jobs/job-1/retry").status_code == 409  # cancelled is final
+    assert client.post("/jobs/job-2/retry").status_code == 409  # pending: nothing to run again
     kinds = [(e["job"], e["kind"]) for e in client.get("/events").json()]
     assert kinds == [("job-1", "submitted"), ("job-2", "submitted"), ("job-1", "cancelled")]
     assert len(client.get("/events", params={"after": 2}).json()) == 1
@@ -203,9 +203,21 @@ def test_cli_scale_changes_the_limits_and_reads_print_json_or_yaml(server, monke
     assert yaml.safe_load(capsys.readouterr().out)["spec"]["workers"]["max"] == 8
     assert main(["events", "sc", "-o", "json", "--url", url]) == 0
     assert [e["kind"] for e in json.loads(capsys.readouterr().out)] == ["submitted", "limits"]
-    assert main(["delete", "sc", "--url", url]) == 2  # not ended
+    assert main(["delete", "sc", "--url", url, "--yes"]) == 2  # not ended
     assert "409: job 'sc' is pending; cancel it before deleting it" in capsys.readouterr().err
-    assert main(["cancel", "sc", "--url", url]) == 0 and main(["delete", "sc", "--url", url]) == 0
+    assert main(["cancel", "sc", "--url", url]) == 0
+    # a cancelled job runs again from its latest checkpoint on a retry
+    assert main(["retry", "sc", "--url", url]) == 0 and "sc: pending" in capsys.readouterr().out
+    assert [e["kind"] for e in client.get("/events", params={"job": "sc"}).json()][-2:] == ["cancelled", "retry"]
+    assert main(["cancel", "sc", "--url", url]) == 0
+    # delete asks first: no terminal, no --yes: nothing is deleted
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    assert main(["delete", "sc", "--url", url]) == 1 and "pass --yes" in capsys.readouterr().err
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda question: "n")
+    assert main(["delete", "sc", "--url", url]) == 1 and client.get("/jobs/sc").status_code == 200
+    monkeypatch.setattr("builtins.input", lambda question: "y" if "checkpoints" in question else "n")
+    assert main(["delete", "sc", "--url", url]) == 0
     assert "sc: deleted" in capsys.readouterr().out
     assert client.get("/jobs/sc").status_code == 404
     assert client.post("/jobs", content=SPEC.format(name="sc"), headers=YAML).status_code == 201  # the name is free

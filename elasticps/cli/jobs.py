@@ -108,6 +108,9 @@ def cmd_client(args: argparse.Namespace) -> int:
         elif args.command == "retry":
             print(f"{args.name}: {client.retry(args.name).state}")
         elif args.command == "delete":
+            if not (args.yes or _confirmed(f"delete job {args.name}, its history and its checkpoints for good?")):
+                print(f"{args.name}: not deleted", file=sys.stderr)
+                return 1
             client.delete(args.name)
             print(f"{args.name}: deleted")
         elif args.command == "logs" and not args.progress:
@@ -139,6 +142,18 @@ def cmd_client(args: argparse.Namespace) -> int:
     return 0
 
 
+def _confirmed(question: str) -> bool:
+    """The user's yes on a terminal; without one (a script, a pipe) there is no
+    one to ask, and the answer is no: such callers pass --yes."""
+    if not sys.stdin.isatty():
+        print("error: delete asks before it wipes checkpoints: pass --yes where no one can answer", file=sys.stderr)
+        return False
+    try:
+        return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    except EOFError:
+        return False
+
+
 def _shown(state: str, args: argparse.Namespace) -> bool:
     """``status --active``: pending and running jobs only; ``--state S``: jobs in S only."""
     if args.active and state not in ("pending", "running"):
@@ -154,7 +169,7 @@ def add_parsers(sub: Any) -> None:
         ("describe", "one job in full"),
         ("cancel", "cancel a job (final)"),
         ("scale", "change a job's PS and worker limits; the scheduler picks the shape within them"),
-        ("retry", "queue a failed job again (it resumes from its latest checkpoint)"),
+        ("retry", "run a failed or cancelled job again, from its latest checkpoint"),
         ("delete", "forget an ended job (record, history, checkpoints); its name can be used again"),
         ("logs", "what a job printed (its driver, PS and workers, tagged by task; the traceback of a failure)"),
         ("events", "events"),
@@ -189,6 +204,8 @@ def add_parsers(sub: Any) -> None:
                 default="table",
                 help="output format (default table)",
             )
+        if name == "delete":
+            c.add_argument("-y", "--yes", action="store_true", help="do not ask first (needed without a terminal)")
         if name == "scale":
             c.add_argument("--ps", type=task_range, help="PS limits: N (exactly N) or MIN..MAX")
             c.add_argument("--workers", type=task_range, help="worker limits: N (exactly N) or MIN..MAX")

@@ -284,7 +284,7 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
 
     @app.post("/jobs/{name}/retry", dependencies=deps, response_model=JobOut, responses=ERRORS)
     def retry(name: str) -> JobOut:
-        """Queue a failed job again; it resumes from its latest intact checkpoint."""
+        """Run a failed or cancelled job again: it resumes from its latest intact checkpoint."""
         return command(lambda: manager.retry(name), name)
 
     @app.patch(

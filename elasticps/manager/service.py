@@ -261,8 +261,11 @@ class Manager:
         return rec
 
     def retry(self, name: str) -> JobRecord:
-        """Queue a failed job again; it resumes from its latest intact checkpoint."""
+        """Queue a failed or cancelled job again: a new run that resumes from
+        its latest intact checkpoint (refused while its last run still stops)."""
         with self._lock:
+            if name in self.live or any(n == name for n, _ in self._to_close + self._closing):
+                raise JobInUse(f"job {name!r} is still stopping; retry it again in a moment")
             rec = self.store.transition(
                 name, JobState.PENDING, self.clock(), f"job {name} retried: it resumes from its latest checkpoint",
                 kind="retry",

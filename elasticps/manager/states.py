@@ -3,13 +3,14 @@
 ```
 pending --start--> running --finish--> finished
    |                  |----fail-----> failed --retry--> pending
-   |                  '----cancel---> cancelled
+   |                  '----cancel---> cancelled --retry--> pending
    |----cancel------> cancelled
    '----fail--------> failed         (it could not be started)
 ```
 
-``finished`` and ``cancelled`` are final. ``failed`` is final for the control
-loop; only an explicit retry (a user's command) leaves it. Every change of a
+``finished`` is final. ``failed`` and ``cancelled`` are final for the control
+loop; only an explicit retry (a user's command) leaves them: the job runs again
+from its latest checkpoint. Every change of a
 job's state goes through :func:`check_transition`, so an illegal change (a
 round restarting a cancelled job, a late "finished" overwriting a cancel)
 raises instead of being written.
@@ -46,6 +47,7 @@ TRANSITIONS: dict[tuple[JobState, JobState], str] = {
     (JobState.RUNNING, JobState.FAILED): "fail",
     (JobState.RUNNING, JobState.CANCELLED): "cancel",
     (JobState.FAILED, JobState.PENDING): "retry",
+    (JobState.CANCELLED, JobState.PENDING): "retry",  # a new run from its latest checkpoint, asked by the user
 }
 
 
