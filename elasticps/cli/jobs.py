@@ -113,18 +113,12 @@ def cmd_client(args: argparse.Namespace) -> int:
                 return 1
             client.delete(args.name)
             print(f"{args.name}: deleted")
-        elif args.command == "logs" and not args.progress:
+        elif args.command == "logs":  # what it printed; --progress: its progress log
+            read, show = (client.logs, _print_logs) if args.progress else (client.output, print_output)
             if args.output != "table":
-                print(dump(plain(list(client.output(args.name))), args.output))
+                print(dump(plain(list(read(args.name))), args.output))
             else:
-                print_output(client, args.name, args.follow)
-                if args.follow:  # it has ended: say how
-                    print(f"{args.name}: {client.job(args.name).state}", flush=True)
-        elif args.command == "logs":
-            if args.output != "table":
-                print(dump(plain(list(client.logs(args.name))), args.output))
-            else:
-                _print_logs(client, args.name, args.follow)
+                show(client, args.name, args.follow)
                 if args.follow:  # it has ended: say how
                     print(f"{args.name}: {client.job(args.name).state}", flush=True)
         elif args.command == "events":
