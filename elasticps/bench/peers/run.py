@@ -305,7 +305,9 @@ def start_cluster() -> Any:
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": False})
-    ray.init(address=cluster.address, logging_level="ERROR")
+    # Ray Train's helpers find their cluster through the state API, which picks the newest cluster on the
+    # machine unless RAY_ADDRESS names one: with other clusters running here it must name ours
+    ray.init(address=cluster.address, logging_level="ERROR", runtime_env={"env_vars": {"RAY_ADDRESS": cluster.address}})
     return cluster
 
 
