@@ -8,11 +8,11 @@ many nodes, each of them one that can hold a unit of it. The operators are the
 paper's, over the same matrix the pairs stand for:
 
 - **mutation**: a job reset to its current allocation (p 0.1); some of a job's
-  entries zeroed (p 0.1, each entry 0.1); raising, to a random value up to what
-  the node holds, an entry held where the node has room (each such entry with
-  p 1/their number) and one node with room (drawn among the nodes that can
-  hold the job: up to :data:`ROOM_DRAWS` draws until one has room, where the
-  dense search gave each node with room p 1/their number);
+  entries zeroed (p 0.1, each entry 0.1); on each node where there is room,
+  about one job raised, to a random value up to what the node holds: each job
+  holding the node with p 1 / their number, and each job a unit of which fits
+  there with p 1 / their number (the paper's artifact normalises over jobs,
+  per node);
 - **crossover**: single point over jobs;
 - **repair**: at most one job spread over several nodes on any node (the
   first in job order keeps it), a job's maximum (units kept node by node in a
@@ -32,8 +32,12 @@ import numpy as np
 
 #: Nodes one job may sit on at once in the search.
 SLOTS = 8
-#: Draws of a node for the "raise where there is room" mutation.
-ROOM_DRAWS = 4
+
+
+def rng_binomial(rng: np.random.Generator, count: np.ndarray) -> np.ndarray:
+    """How many of ``count`` candidates, each drawn with p 1 / ``count``, are drawn."""
+    return rng.binomial(count, 1.0 / np.maximum(count, 1))
+
 
 Fitness = Callable[[np.ndarray], np.ndarray]  # units per job (P, J) -> fitness (P,)
 
@@ -83,6 +87,14 @@ class SlotSearch:
         # each job's candidate nodes (those that hold a unit of it), most room first
         self.order = np.argsort(-self.node_cap, axis=1, kind="stable")
         self.n_cand = (self.node_cap > 0).sum(1)
+        # jobs by unit size: sizes (C, D), members (C, most jobs of one size) padded, how many of each
+        self.sizes, of = np.unique(unit, axis=0, return_inverse=True)
+        of = np.asarray(of).reshape(-1)
+        self.members_n = np.bincount(of, minlength=len(self.sizes))
+        self.members = np.zeros((len(self.sizes), max(int(self.members_n.max(initial=0)), 1)), dtype=np.int64)
+        for c in range(len(self.sizes)):
+            got = np.flatnonzero(of == c)
+            self.members[c, : len(got)] = got
         self.dims = [d for d in range(unit.shape[1]) if unit[:, d].any()]
         self.jobs, self.nodes = jobs, nodes
 
@@ -172,35 +184,51 @@ class SlotSearch:
         units = np.where(reset, base.units, pop.units)
         some = rng.random((size, jobs, 1)) < 0.1  # some of a job's entries zeroed
         units = np.where(some & (rng.random(units.shape) < 0.1), 0, units)
-        free = self.free(Pop(node, units))
+        free = self.free(Pop(node, units))  # (P, N, D)
         prow = np.arange(size)[:, None, None]
-        jrow = np.arange(jobs)[None, :, None]
-        cap = self.node_cap[jrow, node]  # (P, J, K)
-        # entries held where the node has room: each raised with p 1 / their number
+        # on each node with room, about one of the jobs holding it is raised (p 1 / their number) ...
         room = np.all(free[prow, node] + 1e-9 >= self.unit[None, :, None, :], axis=-1)
         held = (units > 0) & room
-        raise_held = rng.random(units.shape) * np.maximum(held.sum(2, keepdims=True), 1) < 1.0
-        raise_held &= held
-        # one node with room, drawn among those that hold the job
-        n_cand = np.maximum(self.n_cand, 1)[None, :]
-        picked = np.full((size, jobs), -1, dtype=np.int64)
-        for _ in range(ROOM_DRAWS):
-            draw = self.order[np.arange(jobs)[None, :], (rng.random((size, jobs)) * n_cand).astype(np.int64)]
-            ok = np.all(free[np.arange(size)[:, None], draw] + 1e-9 >= self.unit[None], axis=-1)
-            picked = np.where((picked < 0) & ok & (self.n_cand[None] > 0), draw, picked)
-        at = (node == picked[:, :, None]) & (units > 0)  # the picked node is held: raise that entry
-        raise_held |= at & (picked[:, :, None] >= 0)
+        flat = (prow * self.nodes + node)[held]
+        holders = np.bincount(flat, minlength=size * self.nodes)
+        raise_held = np.zeros(units.shape, dtype=bool)
+        raise_held[held] = rng.random(len(flat)) * holders[flat] < 1.0
+        # ... and about one of all the jobs a unit of which fits there (p 1 / their number)
+        p_i, j_i, n_i = self._one_job_per_node(free)
+        at = (node[p_i, j_i] == n_i[:, None]) & (units[p_i, j_i] > 0)  # (E, K): the job holds it already
+        has = at.any(1)
+        raise_held[p_i[has], j_i[has], np.argmax(at[has], axis=1)] = True
+        cap = self.node_cap[np.arange(jobs)[None, :, None], node]
         grow = np.where(raise_held, rng.integers(units, np.maximum(cap, units) + 1), units)
-        # the picked node is not held: into a free slot, with a random value up to what it holds
-        new = (picked >= 0) & ~at.any(2)
-        slot = np.argmax(units == 0, axis=2)
-        new &= (units == 0).any(2)
-        p_i, j_i = np.nonzero(new)
-        n_i, k_i = picked[p_i, j_i], slot[p_i, j_i]
+        # a node the job does not hold: into a free slot (one a job per child), a random value up to what it holds
+        p_i, j_i, n_i = p_i[~has], j_i[~has], n_i[~has]
+        _, first = np.unique(p_i * jobs + j_i, return_index=True)
+        p_i, j_i, n_i = p_i[first], j_i[first], n_i[first]
+        open_ = units[p_i, j_i] == 0
+        keep = open_.any(1)
+        p_i, j_i, n_i, k_i = p_i[keep], j_i[keep], n_i[keep], np.argmax(open_[keep], axis=1)
         node = node.copy()
         node[p_i, j_i, k_i] = n_i
         grow[p_i, j_i, k_i] = rng.integers(0, self.node_cap[j_i, n_i] + 1)
         return Pop(node, grow)
+
+    def _one_job_per_node(self, free: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per individual and node, each job a unit of which fits in what is free
+        there drawn with p 1 / their number: (individual, job, node) of each draw.
+        Jobs are counted by unit size (few sizes), not one by one."""
+        fit = np.all(self.sizes[None, :, None, :] <= free[:, None, :, :] + 1e-9, axis=-1)  # (P, C, N)
+        weight = fit * self.members_n[None, :, None]
+        count = weight.sum(1)  # (P, N)
+        draws = rng_binomial(self.rng, count)
+        p_i, n_i = np.nonzero(draws)
+        reps = draws[p_i, n_i]
+        p_i, n_i = np.repeat(p_i, reps), np.repeat(n_i, reps)
+        cum = np.cumsum(weight[p_i, :, n_i], axis=1)  # (E, C)
+        pick = self.rng.random(len(p_i)) * count[p_i, n_i]
+        c_i = np.minimum((cum <= pick[:, None]).sum(1), len(self.sizes) - 1)
+        j_i = self.members[c_i, (self.rng.random(len(p_i)) * self.members_n[c_i]).astype(np.int64)]
+        ok = self.node_cap[j_i, n_i] > 0
+        return p_i[ok], j_i[ok], n_i[ok]
 
     def repair(self, pop: Pop) -> Pop:
         node, units = pop.node, pop.units.copy()
