@@ -132,7 +132,7 @@ class DataLoader:
         """The samples ``indices``, batched."""
         tensors = getattr(self.dataset, "tensors", None)
         if tensors is not None and self.collate_fn is None:
-            index = torch.from_numpy(np.asarray(indices, dtype=np.int64))
+            index = torch.from_numpy(np.array(indices, dtype=np.int64))
             return [t[index] for t in tensors]
         getitems = getattr(self.dataset, "__getitems__", None)
         items = getitems([int(i) for i in indices]) if getitems else [self.dataset[int(i)] for i in indices]

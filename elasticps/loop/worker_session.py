@@ -184,6 +184,8 @@ class WorkerSession:
             if msg.epoch != epoch:
                 return
             self._check_params("between the prepared optimizer's step() and the next batch")
+            if msg.user_state is not None:  # where the state was snapshotted: after the code that follows a step
+                self.restore(msg.user_state)
             self.stash, self.current, self.pushed, self.loss_sum, self.clip = None, msg, False, 0.0, None
             yield msg.batch.result() if msg.batch is not None else loader.fetch(msg.indices)
 
@@ -289,8 +291,6 @@ class WorkerSession:
         self.bound = (msg.parts, msg.bounds)
         self.steps = msg.step
         if isinstance(msg, StepMessage):
-            if msg.user_state is not None:
-                self.restore(msg.user_state)
             self.stash, self.next_epoch = msg, msg.epoch
         else:
             self.next_epoch = msg.next_epoch

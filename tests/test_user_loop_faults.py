@@ -1,0 +1,77 @@
+"""A user's own loop through faults: a worker and a PS killed mid-epoch, and a
+job started again on its checkpoints (what a manager restart does), on a real
+Ray cluster; the parameters and the loop's reports against the same loop run
+in one process."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+import ray
+
+from elasticps.examples import digits_loop
+from elasticps.loop import api
+from elasticps.loop.local import LocalSession
+from elasticps.runtime import relative_error
+from elasticps.runtime.flat import flat_params
+from tests import loops
+from tests.helpers import make_job
+
+TOL = 1e-5
+
+
+def reference(fn, **kwargs):
+    with api.active(LocalSession()) as session:
+        model = fn(**kwargs)
+    return flat_params(model), session.reports
+
+
+def test_a_worker_killed_mid_epoch_the_job_goes_on_exactly(ray_local):
+    kwargs = {"epochs": 2, "optimizer": "sgd", "lr": 0.05, "log_interval": 0}
+    job = make_job(1, 3, functools.partial(digits_loop.main, **kwargs))
+    job.run(max_steps=5)  # mid-epoch 0 (22 steps an epoch)
+    os.kill(job.workers[1].pid, signal.SIGKILL)
+    report = job.run()
+    assert report.state == "finished" and report.step == 44 and len(job.workers) == 2
+    assert any("1 worker(s) died; continuing with 2" in e for e in report.events)
+    params, want = reference(digits_loop.main, **kwargs)
+    assert relative_error(job.parameters(), params) < TOL
+    assert [m.values["accuracy"] for m in report.metrics] == [r["metrics"]["accuracy"] for r in want]
+    job.shutdown()
+
+
+def test_a_ps_killed_mid_epoch_is_restored_with_the_loops_registered_state(ray_local, tmp_path):
+    job = make_job(
+        2, 2, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5, placement_timeout_s=240
+    )
+    job.run(max_steps=8)  # checkpoints at steps 0 and 5; the loops' per-step scheduler is at step 8
+    ray.kill(job.ps[1].handle)
+    report = job.run()
+    assert any("restored from checkpoint at step 5 (lost 3 steps)" in e for e in report.events)
+    assert report.state == "finished" and report.step == 44
+    params, want = reference(loops.scheduled_mlp)
+    # exact only if every loop went back to step 5's scheduler: the lr moves every step
+    assert relative_error(job.parameters(), params) < TOL
+    assert [(m.step, m.epoch, m.values["lr"]) for m in report.metrics] == [
+        (r["step"], r["epoch"], r["metrics"]["lr"]) for r in want
+    ]
+    job.shutdown()
+
+
+def test_a_job_started_again_on_its_checkpoints_resumes_the_loop_mid_epoch(ray_local, tmp_path):
+    first = make_job(1, 2, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=10)
+    first.run(max_steps=35)  # epoch 1 (22 steps an epoch), checkpointed at 0, 10, 20, 22, 32
+    first.shutdown()
+    again = make_job(1, 1, loops.scheduled_mlp, checkpoint_dir=str(tmp_path))
+    report = again.run()
+    assert "resumed from checkpoint at step 32 (epoch 1)" in report.events[0]
+    assert report.state == "finished" and report.step == 44
+    params, want = reference(loops.scheduled_mlp)
+    assert relative_error(again.parameters(), params) < TOL  # the scheduler came back at step 32
+    # the resumed loop ran epoch 1 only, from its 11th batch, and reported it as in one process
+    assert [(m.step, m.epoch, m.values) for m in report.metrics] == [
+        (r["step"], r["epoch"], r["metrics"]) for r in want[1:]
+    ]
+    again.shutdown()
