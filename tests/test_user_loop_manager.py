@@ -1,7 +1,8 @@
 """A user's own loop submitted to a real manager (REST API over HTTP, the Ray
 runtime, a real local Ray cluster) through the Client: it runs, reports and
-rescales as a TrainingProgram job does, and its ``elasticps.torch.report``
-values reach the epoch reports and the manager's metric."""
+rescales as a TrainingProgram job does, its ``elasticps.torch.report``
+values reach the epoch reports and the manager's metric, and what it prints
+reaches the job's output tagged by worker."""
 
 from __future__ import annotations
 
@@ -99,5 +100,9 @@ def test_a_loop_submitted_to_the_manager_runs_rescales_and_reports_its_metric(se
     assert any(r.ok and r.to_shape == (1, 2) for r in report.rescales)
     epochs = [line.text for line in client.logs("loop") if line.kind == "epoch"]
     assert len(epochs) == 3 and all(", metric " in text for text in epochs)
+    # what the loop printed (its test pass, in every worker) is in the job's output, tagged by task
+    printed = "".join(piece.text for piece in client.output("loop"))
+    assert "[worker-0] Test set: Average loss" in printed
+    assert "[worker-1] Test set: Average loss" in printed  # the worker that joined at 1x2
     messages = [e.message for e in client.events("loop")]
     assert any(m.startswith("job finished at step 255, metric ") for m in messages), messages
