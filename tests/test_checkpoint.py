@@ -106,3 +106,91 @@ def test_export_writes_nothing_and_falls_back_past_a_checkpoint_of_the_wrong_siz
     assert sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.iterdir()) == before  # nothing renamed
     with pytest.raises(ConfigError, match="ckpt-0000000003.npz is not of digits-cnn's model"):
         export_checkpoint(digits.cnn_program(epochs=1), tmp_path, tmp_path.parent / "cnn.pt")
+
+
+def _mlp_program(hidden: int):
+    from collections import OrderedDict
+
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from elasticps import TrainingProgram
+
+    def model():
+        return nn.Sequential(OrderedDict(fc1=nn.Linear(64, hidden), relu=nn.ReLU(), fc2=nn.Linear(hidden, 10)))
+
+    data = TensorDataset(torch.zeros(32, 64), torch.zeros(32, dtype=torch.long))
+    return TrainingProgram(name="mlp", model=model, dataset=data, loss=nn.functional.cross_entropy,
+                           optimizer="sgd", lr=0.1, batch_size=16, epochs=1, seed=5)  # fmt: skip
+
+
+def _saved_by(program, store: CheckpointStore, step: int, layout: bool = True) -> None:
+    from elasticps.runtime.flat import flat_params, param_layout
+
+    model = program.build_model()
+    state = ShardState(flat_params(model), {}, {})
+    store.save(Checkpoint(step, DataPosition(0, 0), state, seed=5, optimizer="sgd", samples_seen=16 * step,
+                          layout=param_layout(model) if layout else None))  # fmt: skip
+
+
+def test_a_checkpoint_keeps_each_parameters_name_and_shape(tmp_path):
+    store = CheckpointStore(tmp_path)
+    _saved_by(_mlp_program(128), store, 40)
+    ckpt = store.latest()
+    assert ckpt.file == "ckpt-0000000040.npz"
+    assert ckpt.layout == [
+        ("fc1.weight", [128, 64]), ("fc1.bias", [128]), ("fc2.weight", [10, 128]), ("fc2.bias", [10]),
+    ]  # fmt: skip
+
+
+def test_a_layout_mismatch_names_the_first_parameter_that_differs(tmp_path):
+    from elasticps.runtime.checkpoint import layout_mismatch
+
+    store = CheckpointStore(tmp_path)
+    _saved_by(_mlp_program(128), store, 1)
+    ckpt = store.latest()
+    model = list(ckpt.layout)
+    assert layout_mismatch(ckpt, model) is None
+    assert layout_mismatch(ckpt, [model[1], model[0], *model[2:]]) == (
+        "the model defines the same parameters in another order"
+    )
+    assert layout_mismatch(ckpt, [*model, ("fc3.weight", [2, 10])]) == (
+        "fc3.weight [2, 10] is in the model, not in the checkpoint"
+    )
+    assert layout_mismatch(ckpt, model[:3]) == "fc2.bias [10] is in the checkpoint, not in the model"
+
+
+def test_a_checkpoint_without_names_is_checked_by_its_size(tmp_path):
+    """Checkpoints written before names were kept still resume a model of their size."""
+    from elasticps.runtime.checkpoint import layout_mismatch
+    from elasticps.runtime.flat import param_layout
+
+    store = CheckpointStore(tmp_path)
+    _saved_by(_mlp_program(128), store, 1, layout=False)
+    ckpt = store.latest()
+    assert ckpt.layout is None
+    assert layout_mismatch(ckpt, param_layout(_mlp_program(128).build_model())) is None
+    assert layout_mismatch(ckpt, param_layout(_mlp_program(256).build_model())) == (
+        "it holds 9610 parameters, the model has 19210"
+    )
+
+
+def test_resuming_a_changed_model_fails_at_once_naming_both_shapes(tmp_path):
+    """Through the controller: the check runs at start, before any task is launched
+    (no Ray here), and the error is the program's own, so a manager fails the job
+    at once instead of starting it again."""
+    from elasticps.errors import UserCodeError
+    from elasticps.manager.ray_runtime import failed_before_first_step
+    from elasticps.runtime import JobConfig, JobController
+
+    _saved_by(_mlp_program(128), CheckpointStore(tmp_path), 40)
+    controller = JobController(_mlp_program(256), JobConfig(checkpoint_dir=str(tmp_path), share_dataset=False))
+    with pytest.raises(UserCodeError) as err:
+        controller.start()
+    assert str(err.value) == (
+        "checkpoint ckpt-0000000040.npz does not match the model: fc1.weight is [128, 64] in the checkpoint, "
+        "[256, 64] in the model"
+    )
+    assert failed_before_first_step(err.value, controller.started_step, controller.step)
+    assert controller.ps == [] and controller.workers == []  # nothing was started

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import zipfile
@@ -26,6 +27,8 @@ from elasticps.runtime.shard_state import ShardState
 
 _NAME = re.compile(r"^ckpt-(\d{10})\.npz$")
 log = logging.getLogger("elasticps.runtime")
+#: A model's trainable parameters in their flat order: each one's name and shape.
+Layout = list[tuple[str, list[int]]]
 #: What reading a damaged checkpoint file raises.
 _DAMAGED = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
 
@@ -40,6 +43,8 @@ class Checkpoint:
     samples_seen: int
     batch_size: int | None = None  # the global batch when written (None: the program's)
     user_state: bytes | None = None  # a user loop's registered objects (elasticps.torch.register), serialised
+    layout: Layout | None = None  # the model's parameters, names and shapes (None: written before they were kept)
+    file: str | None = None  # the file's name, once read back
 
 
 class CheckpointStore:
@@ -62,6 +67,7 @@ class CheckpointStore:
             "batch_size": ckpt.batch_size,
             "scalars": ckpt.state.scalars,
             "vectors": sorted(ckpt.state.vectors),
+            "layout": ckpt.layout,
         }
         arrays = {"params": ckpt.state.params}
         arrays.update({f"opt__{k}": v for k, v in ckpt.state.vectors.items()})
@@ -125,6 +131,7 @@ class CheckpointStore:
                 scalars=dict(meta["scalars"]),
             )
             user_state = bytes(data["user_state"]) if "user_state" in data.files else None
+        layout = meta.get("layout")  # absent from checkpoints written before names were kept
         return Checkpoint(
             step=meta["step"],
             position=DataPosition(meta["epoch"], meta["cursor"]),
@@ -134,4 +141,29 @@ class CheckpointStore:
             samples_seen=meta["samples_seen"],
             batch_size=meta.get("batch_size"),
             user_state=user_state,
+            layout=[(str(name), [int(n) for n in shape]) for name, shape in layout] if layout else None,
+            file=path.name,
         )
+
+
+def layout_mismatch(ckpt: Checkpoint, model: Layout) -> str | None:
+    """Why ``ckpt`` cannot hold the parameters of a model laid out as ``model``
+    (one clause naming the first parameter that differs), or None if it can. A
+    checkpoint written before layouts were kept is checked by its size alone."""
+    if ckpt.layout is None:
+        numel = sum(math.prod(shape) for _, shape in model)
+        have = ckpt.state.numel
+        return None if have == numel else f"it holds {have} parameters, the model has {numel}"
+    theirs, ours = dict(ckpt.layout), dict(model)
+    for name, shape in ckpt.layout:
+        if name in ours and list(shape) != list(ours[name]):
+            return f"{name} is {list(shape)} in the checkpoint, {list(ours[name])} in the model"
+    for name, shape in model:
+        if name not in theirs:
+            return f"{name} {list(shape)} is in the model, not in the checkpoint"
+    for name, shape in ckpt.layout:
+        if name not in ours:
+            return f"{name} {list(shape)} is in the checkpoint, not in the model"
+    if [name for name, _ in ckpt.layout] != [name for name, _ in model]:
+        return "the model defines the same parameters in another order"
+    return None

@@ -33,11 +33,11 @@ import torch
 from elasticps.errors import ConfigError, JobEndedError, JobFailedError, PlacementError, UserCodeError
 from elasticps.program import TrainingProgram, load_program
 from elasticps.runtime import tasks, user_loop
-from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore
+from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore, Layout, layout_mismatch
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition, GlobalBatches, split_evenly
 from elasticps.runtime.evaluate import evaluate
-from elasticps.runtime.flat import flat_params, load_flat, shard_bounds
+from elasticps.runtime.flat import flat_params, load_flat, param_layout, shard_bounds
 from elasticps.runtime.reports import (
     EpochReport,
     GradientSample,
@@ -135,6 +135,7 @@ class JobController:
         self._param_refs: list[Any] = []
         self._bounds: list[tuple[int, int]] = []
         self._numel = 0
+        self._layout: Layout = []  # the model's parameters, names and shapes (known at start)
         self.step = 0
         self.position = DataPosition(0, 0)
         self.samples_seen = 0
@@ -303,6 +304,8 @@ class JobController:
             self._dataset_ref, why = tasks.share_dataset(dataset)
             if why is not None:
                 self._event(f"the dataset cannot be shared ({why}): each worker builds its own")
+        model = self.program.build_model()
+        self._layout = param_layout(model)
         ckpt = self._latest_checkpoint()
         if ckpt is not None:
             self._check_checkpoint(ckpt)
@@ -313,7 +316,6 @@ class JobController:
                 self.batch_size = self.program.check_batch(ckpt.batch_size)
             self._event(f"resumed from checkpoint at step {ckpt.step} (epoch {ckpt.position.epoch})")
         else:
-            model = self.program.build_model()
             state = ShardState(flat_params(model))
         self._numel = state.numel
         with self._lock:
@@ -415,6 +417,7 @@ class JobController:
                 self.samples_seen,
                 self.batch_size,
                 self._user_state,
+                layout=self._layout,
             )
         )
         self._last_ckpt_step = self.step
@@ -1093,6 +1096,9 @@ class JobController:
                 f"checkpoint in {self.config.checkpoint_dir} is for seed {ckpt.seed} / {ckpt.optimizer}, "
                 f"the program has seed {self.program.seed} / {self.program.optimizer_name}"
             )
+        why = layout_mismatch(ckpt, self._layout)
+        if why:  # the program's code changed since the checkpoint was written
+            raise UserCodeError(f"checkpoint {ckpt.file} does not match the model: {why}")
 
 
 def _get_each(refs: list[Any]) -> tuple[list[Any], ray.exceptions.RayError | None]:

@@ -120,6 +120,11 @@ def flat_params(model: torch.nn.Module) -> np.ndarray:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).numpy().copy()
 
 
+def param_layout(model: torch.nn.Module) -> list[tuple[str, list[int]]]:
+    """Each trainable parameter's name and shape, in the flat vector's order."""
+    return [(name, list(p.shape)) for name, p in model.named_parameters() if p.requires_grad]
+
+
 def load_flat(model: torch.nn.Module, params: np.ndarray) -> torch.nn.Module:
     """Copy the flat vector ``params`` into ``model``'s trainable parameters, in
     order (the layout :class:`FlatModel` and the PS shards use); returns ``model``."""
