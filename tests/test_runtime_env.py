@@ -11,8 +11,8 @@ import time
 import pytest
 
 from elasticps import ProgramError
-from elasticps.cli.jobs import _with_working_dir
 from elasticps.manager import Store, parse_spec
+from elasticps.manager.client import _with_working_dir
 from elasticps.manager.service import Manager
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def test_a_program_shipped_in_a_working_dir_runs_on_a_multi_node_cluster(ray_clu
     try:
         with pytest.raises(ProgramError, match="cannot import module"):  # without the code: refused at submit
             manager.submit(parse_spec(SPEC.format(name="plain", tag=tag)))
-        text = _with_working_dir(SPEC.format(name="shipped", tag=tag), str(code))  # what `submit --working-dir` sends
+        text = _with_working_dir(SPEC.format(name="shipped", tag=tag), code)  # what `submit --working-dir` sends
         spec = json.loads(text)
         spec["runtime_env"]["env_vars"] = {"SHIPPED_FLAG": "on"}
         manager.submit(parse_spec(json.dumps(spec), "json"))
