@@ -188,6 +188,7 @@ class Chaos:
     def _post(self, spec: dict[str, Any]) -> bool:
         r = self.server.request("POST", "/jobs", json=spec, timeout=180)
         if r.status_code != 201:
+            self.ledger.refused.append(f"{spec['name']}: {r.status_code} {r.text[:300]}")
             self.say(f"chaos: submit {spec['name']} refused: {r.status_code} {r.text[:500]}")
         return r.status_code == 201
 

@@ -77,6 +77,7 @@ def check(
         "doomed_jobs": len(ledger.doomed),
         "doomed_max_s_to_fail": {k: round(v, 1) for k, v in fail_s.items()},
         "cancels_acknowledged": len(ledger.cancelled),
+        "submits_refused": ledger.refused,  # outside the probes; a refused doomed job is drawn again later
         "store_fault_probes": dict(Counter(f"{p.fault} {p.request} {p.status}" for p in ledger.probes)),
         "accuracy": {
             "fault_free": {str(k): round(v, 4) for k, v in reference.items()},

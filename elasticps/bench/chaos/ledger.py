@@ -31,3 +31,4 @@ class Ledger:
     faults: list[Fault] = field(default_factory=list)
     probes: list[Probe] = field(default_factory=list)
     manager_pids: list[int] = field(default_factory=list)  # every process the manager ran as
+    refused: list[str] = field(default_factory=list)  # submits answered other than 201: 'name: status detail'
