@@ -15,6 +15,7 @@ import json
 import re
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -178,3 +179,103 @@ def test_a_job_that_can_never_fit_is_refused_with_the_numbers_and_a_waiting_one_
     assert re.search(r"reason:\s+" + shown.pattern.rstrip("$"), out), out
     for name in ("holder", "waiter"):
         client.cancel(name)
+
+
+PINNED = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    from elasticps import TrainingProgram
+
+    HIDDEN = 16
+
+
+    def model():
+        print(f"model hidden={HIDDEN}", flush=True)
+        return nn.Sequential(nn.Linear(8, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 2))
+
+
+    def data():
+        x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+        return TensorDataset(x, (x[:, :2] * 2).argmax(1))
+
+
+    def program():
+        return TrainingProgram(name="pinned", model=model, dataset=data, loss=nn.functional.cross_entropy,
+                               optimizer="sgd", lr=0.1, batch_size=32, epochs=100_000)
+    """
+)
+
+
+def _retried(client, name: str) -> None:
+    from elasticps.manager.client import ManagerError
+
+    def retry() -> bool:
+        try:
+            client.retry(name)
+        except ManagerError as exc:  # its last run is still stopping
+            assert "still stopping" in str(exc), exc
+            return False
+        return True
+
+    wait_for(retry, 60, f"{name} retried")
+
+
+def _step(client, name: str) -> int:
+    job = client.job(name)
+    return job.progress.step if job.progress else -1
+
+
+def test_a_jobs_code_is_pinned_at_submit_and_a_retry_runs_it_after_the_directory_changed(live):
+    """Submit ships a working dir; the model file then changes on disk (a wider
+    layer). The cancelled job's retry resumes its checkpoint with the code as
+    submitted (with the new code it would fail: the checkpoint does not fit);
+    a new submit takes the new code."""
+    client, manager, code = live
+    src = code / "pinsrc"
+    src.mkdir()
+    (src / "pinjob.py").write_text(PINNED)
+    spec = {**_spec("pinned", src), "program": "pinjob:program", "args": {}}
+    job = client.submit(spec)
+    uri = job.spec.runtime_env.working_dir
+    assert re.fullmatch(r"gcs://_ray_pkg_[0-9a-f]{40}\.zip", uri), uri
+    stored = manager.workdir / "jobs.d" / "pinned" / "code" / uri.removeprefix("gcs://")
+    assert stored.is_file() and stored.stat().st_mode & 0o777 == 0o600
+    pinned_event = [e.message for e in client.events("pinned") if e.kind == "pinned"]
+    assert pinned_event == [f"code pinned: working_dir {src} as {uri}"]
+    wait_for(lambda: _step(client, "pinned") >= 4, 120, "pinned's first steps")
+    client.cancel("pinned")
+    (src / "pinjob.py").write_text(PINNED.replace("HIDDEN = 16", "HIDDEN = 32"))
+
+    _retried(client, "pinned")
+    wait_for(lambda: any("resumed from checkpoint" in e.message for e in client.events("pinned")), 120, "resumed")
+    resumed_at = _step(client, "pinned")
+    wait_for(lambda: _step(client, "pinned") > resumed_at + 2, 120, "steps after the retry")
+    assert client.job("pinned").state == "running"
+    output = "".join(piece.text for piece in client.output("pinned"))
+    assert "model hidden=16" in output and "hidden=32" not in output, output
+    client.cancel("pinned")
+
+    client.submit({**spec, "name": "repinned"})  # a new submit: the code as it is now
+    wait_for(lambda: _step(client, "repinned") >= 1, 120, "repinned's first step")
+    assert client.job("repinned").spec.runtime_env.working_dir != uri
+    assert "model hidden=32" in "".join(piece.text for piece in client.output("repinned"))
+    client.cancel("repinned")
+
+
+def test_a_pinned_package_is_uploaded_to_a_cluster_that_lacks_it(live, tmp_path):
+    """What a restarted manager meets: a fresh cluster without the job's package."""
+    from ray._private.runtime_env.packaging import package_exists
+
+    from elasticps.manager.pinning import pin, upload_pinned
+    from elasticps.manager.spec import RuntimeEnvSpec
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / f"mod_{time.time_ns()}.py").write_text("X = 1\n")  # a package no cluster has seen
+    env, pinned = pin(RuntimeEnvSpec(working_dir=str(src)), tmp_path / "code")
+    assert len(pinned) == 1 and not package_exists(env.working_dir)
+    upload_pinned(env.to_ray(), tmp_path / "code")
+    assert package_exists(env.working_dir)

@@ -7,6 +7,7 @@ import contextlib
 import shlex
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from elasticps.cli.export import export_job
 
     code_paths: list[str] = []
+    unpacked_dir = tempfile.TemporaryDirectory(prefix="elasticps-code-")  # mode 0700: the operator's alone
     if args.program:  # a job trained with `elasticps train`
         if not args.checkpoint_dir or args.name:
             raise SystemExit("error: export --program needs --checkpoint-dir and no job name")
@@ -37,14 +39,16 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: no job {args.name!r} in {workdir}") from None
         finally:
             store.close()
-        if spec.runtime_env and spec.runtime_env.working_dir and Path(spec.runtime_env.working_dir).is_dir():
-            code_paths.append(spec.runtime_env.working_dir)  # shipped code: imported from where it was shipped
+        from elasticps.manager.pinning import CODE_DIR, unpacked
         from elasticps.manager.workdir import job_dir
 
+        if spec.runtime_env:  # shipped code: the job's as pinned at submit
+            code_paths = unpacked(spec.runtime_env, job_dir(workdir, args.name) / CODE_DIR, unpacked_dir.name)
         program, program_args = spec.program, dict(spec.args)
         directory = job_dir(workdir, args.name) / "checkpoints"
     # the job's code runs in a child process; only tensors come back (elasticps.cli.export)
-    info = export_job(program, program_args, directory, Path(args.out), code_paths)
+    with unpacked_dir:
+        info = export_job(program, program_args, directory, Path(args.out), code_paths)
     print(
         f"wrote {args.out}: {info['name']}, step {info['step']}, epoch {info['epoch']}, {info['parameters']} parameters"
     )

@@ -187,7 +187,7 @@ class FakeRuntime:
     fail_start: str | None = None  # the next start raises JobFailedError with this text
     jobs: dict[str, list[FakeJob]] = field(default_factory=dict)  # every start of every job, in order
 
-    def describe(self, spec: JobSpec) -> ProgramInfo:
+    def describe(self, spec: JobSpec, code_dir: str | None = None) -> ProgramInfo:
         try:
             return self.programs[spec.program]
         except KeyError:

@@ -27,6 +27,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from elasticps.errors import ConfigError, ElasticPSError, JobFailedError, ProgramError, UserCodeError
 from elasticps.manager.capacity import ray_cluster_view, ray_hostnames
+from elasticps.manager.pinning import upload_pinned
 from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.wire import NotPlainData, answer, decode, error_record, parse, with_trace
@@ -40,9 +41,11 @@ DESCRIBE_TIMEOUT_S = 180.0
 CALL_TIMEOUT_S = 60.0
 
 
-def shipped(runtime_env: dict[str, Any]) -> dict[str, Any]:
+def shipped(runtime_env: dict[str, Any], pinned: str | None = None) -> dict[str, Any]:
     """``runtime_env`` with local ``working_dir`` and ``py_modules`` directories
-    uploaded to the Ray cluster and replaced by their package URIs.
+    uploaded to the Ray cluster and replaced by their package URIs, and the
+    job's packages pinned at submit (in the folder ``pinned``) uploaded where
+    the cluster lacks them (:mod:`elasticps.manager.pinning`).
 
     Ray uploads local directories only for a whole Ray job (``ray.init``); an
     actor's ``runtime_env`` must name URIs. This does the upload ``ray.init``
@@ -52,6 +55,8 @@ def shipped(runtime_env: dict[str, Any]) -> dict[str, Any]:
     from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
     from ray._private.runtime_env.working_dir import upload_working_dir_if_needed
 
+    if pinned is not None:
+        upload_pinned(runtime_env, pinned)
     scratch = ray._private.worker.global_worker.node.get_runtime_env_dir_path()
     env = upload_py_modules_if_needed(dict(runtime_env), include_gitignore=True, scratch_dir=scratch, logger=log)
     return upload_working_dir_if_needed(env, include_gitignore=True, scratch_dir=scratch, logger=log)
@@ -277,8 +282,8 @@ class RayJobHandle:
 class RayJobRuntime:
     """Jobs as Ray actors on the manager's node; programs resolved in Ray processes."""
 
-    def describe(self, spec: JobSpec) -> ProgramInfo:
-        env = {"runtime_env": shipped(spec.runtime_env.to_ray())} if spec.runtime_env else {}
+    def describe(self, spec: JobSpec, code_dir: str | None = None) -> ProgramInfo:
+        env = {"runtime_env": shipped(spec.runtime_env.to_ray(), code_dir)} if spec.runtime_env else {}
         ref = _describe.options(scheduling_strategy=_here(), **env).remote(spec.program, dict(spec.args))
         try:
             data = _fetch(ref, "the program's description", DESCRIBE_TIMEOUT_S)
@@ -291,7 +296,7 @@ class RayJobRuntime:
 
     def start(self, launch: Launch) -> RayJobHandle:
         # the job's PS and workers, started by the driver, inherit its runtime_env
-        env = {"runtime_env": shipped(launch.runtime_env)} if launch.runtime_env else {}
+        env = {"runtime_env": shipped(launch.runtime_env, launch.code_dir)} if launch.runtime_env else {}
         actor = JobDriver.options(name=None, scheduling_strategy=_here(), **env).remote(launch)
         return RayJobHandle(actor)
 

@@ -43,6 +43,7 @@ class Launch:
     placement: dict[str, str]
     runtime_env: dict | None = None  # Ray's runtime_env for the job's processes (see JobSpec.runtime_env)
     output_dir: str | None = None  # where the job's own output is kept (elasticps.runtime.output.JobLog)
+    code_dir: str | None = None  # the job's code as pinned at submit (elasticps.manager.pinning)
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,9 @@ class JobHandle(Protocol):
 
 
 class JobRuntime(Protocol):
-    def describe(self, spec: JobSpec) -> ProgramInfo:
-        """Resolve the spec's program outside the manager; ProgramError if it cannot be."""
+    def describe(self, spec: JobSpec, code_dir: str | None = None) -> ProgramInfo:
+        """Resolve the spec's program outside the manager (with the code pinned in
+        ``code_dir``, if any); ProgramError if it cannot be."""
         ...
 
     def start(self, launch: Launch) -> JobHandle: ...

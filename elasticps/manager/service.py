@@ -46,6 +46,7 @@ from elasticps.manager.capacity import capacity_change, capacity_signature
 from elasticps.manager.history import ClusterHistory
 from elasticps.manager.isolation import FIGURE_ERRORS, decide_isolated, window_problem
 from elasticps.manager.metrics import ManagerMetrics, MetricsSnapshot
+from elasticps.manager.pinning import CODE_DIR, pin
 from elasticps.manager.priors import FleetPriors, kind_of, read_observations
 from elasticps.manager.reasons import Move, batch_reason, explain
 from elasticps.manager.rescale_costs import RescaleCosts
@@ -199,12 +200,29 @@ class Manager:
         """Store a new job; its program is resolved first, outside this process."""
         self.admissible(spec)
         self._check_fits(spec)
-        info = self.runtime.describe(spec)
-        with self._lock:
-            rec = self.store.add_job(spec, self.clock(), info)
-            self.waiting[spec.name] = SUBMITTED
+        folder = job_dir(self.workdir, spec.name)
+        fresh = not folder.exists()  # a folder of its own, or a job of that name already there (refused below)
+        try:
+            spec, pinned = self._pin(spec)
+            info = self.runtime.describe(spec, str(folder / CODE_DIR) if pinned else None)
+            with self._lock:
+                rec = self.store.add_job(spec, self.clock(), info)
+                self.waiting[spec.name] = SUBMITTED
+        except BaseException:
+            if fresh:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
+        for line in pinned:
+            self.store.add_event(self.clock(), spec.name, "pinned", f"code pinned: {line}")
         self.wake.set()
         return rec
+
+    def _pin(self, spec: JobSpec) -> tuple[JobSpec, list[str]]:
+        """The spec with the code it ships pinned in the job's folder (see :mod:`elasticps.manager.pinning`)."""
+        if spec.runtime_env is None:
+            return spec, []
+        env, pinned = pin(spec.runtime_env, job_dir(self.workdir, spec.name) / CODE_DIR)
+        return spec.model_copy(update={"runtime_env": env}), pinned
 
     def _check_fits(self, spec: JobSpec) -> None:
         """UnschedulableError if the cluster, even empty, can never hold the job
@@ -550,7 +568,8 @@ class Manager:
         )
         env = spec.runtime_env.to_ray() if spec.runtime_env else None
         output = str(job_dir(self.workdir, rec.name) / OUTPUT_DIR)
-        launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement), env, output)
+        code = str(job_dir(self.workdir, rec.name) / CODE_DIR)
+        launch = Launch(rec.name, spec.program, dict(spec.args), config, shape, dict(placement), env, output, code)
         live = _Live(self.runtime.start(launch), shape, dict(placement))
         try:  # a start the store cannot record (its database locked, its disk full) is released
             self.store.set_desired(rec.name, shape)
@@ -775,7 +794,7 @@ class Manager:
         if rec.info is not None:
             return rec.info
         try:  # a job stored by an older version, before programs were described at submission
-            info = self.runtime.describe(rec.spec)
+            info = self.runtime.describe(rec.spec, str(job_dir(self.workdir, rec.name) / CODE_DIR))
         except ElasticPSError as exc:
             self._finish_state(rec.name, JobState.FAILED, now, f"job failed: {exc}")
             return None

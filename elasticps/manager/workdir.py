@@ -12,7 +12,8 @@ what a start finds there.
 - ``token``: the API's bearer token, made at first start (0600).
 - ``ray-token``: the embedded Ray cluster's token (Ray's own token
   authentication), made at first start (0600).
-- ``jobs.d/NAME/``: each job's files (its checkpoints). A job name cannot
+- ``jobs.d/NAME/``: each job's files (its checkpoints, output and pinned
+  code, :mod:`elasticps.manager.pinning`). A job name cannot
   hold a dot, so no job's folder is ever a secret or the database; a workdir
   of the older layout (``NAME/`` beside the secrets) is moved on start.
 """
