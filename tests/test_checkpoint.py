@@ -194,3 +194,23 @@ def test_resuming_a_changed_model_fails_at_once_naming_both_shapes(tmp_path):
     )
     assert failed_before_first_step(err.value, controller.started_step, controller.step)
     assert controller.ps == [] and controller.workers == []  # nothing was started
+
+
+def test_a_full_disk_before_the_first_step_is_worth_another_start_a_program_error_is_not():
+    import errno
+
+    from elasticps.errors import UserCodeError
+    from elasticps.manager.ray_runtime import failed_before_first_step
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    try:
+        try:
+            raise full
+        except OSError as exc:
+            raise UserCodeError("step 0 failed in user code: OSError: no space") from exc
+    except UserCodeError as wrapped:
+        assert not failed_before_first_step(wrapped, started_step=0, step=0)  # the machine's, not the program's
+    assert not failed_before_first_step(full, started_step=0, step=0)
+    assert failed_before_first_step(FileNotFoundError(errno.ENOENT, "data.csv"), started_step=0, step=0)
+    assert failed_before_first_step(ValueError("bad shape"), started_step=0, step=0)
+    assert not failed_before_first_step(ValueError("bad shape"), started_step=0, step=3)  # after its first step

@@ -13,6 +13,7 @@ restarted manager starts them again from their checkpoints.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import statistics
 import sys
@@ -196,9 +197,28 @@ def failed_before_first_step(exc: BaseException, started_step: int | None, step:
     A lost task or node, or no room, is not: those are worth another start."""
     if started_step is not None and step > started_step:
         return False
+    if _machine_trouble(exc):
+        return False
     if isinstance(exc, (UserCodeError, ConfigError)):
         return True
     return not isinstance(exc, (ElasticPSError, ray.exceptions.RayError))
+
+
+#: What the machine, not the program, ran out of: a full disk or quota, an I/O error,
+#: memory, open files. Worth another start once it has passed.
+_MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+
+
+def _machine_trouble(exc: BaseException) -> bool:
+    """``exc``, or an error it was raised from, is an OSError of the machine's (``_MACHINE_ERRNOS``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _MACHINE_ERRNOS:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 #: Ray's own failures (a process or node gone), told apart from everything else.
