@@ -644,6 +644,10 @@ class Manager:
             if st.state == "running" and st.num_ps and applied != live.applied:
                 self.store.record_allocation(name, now, *applied)
                 live.applied = applied
+            elif st.ended and st.num_ps and live.applied is None and st.windows:
+                # it ran and ended between two polls: its shape from when its first window began
+                self.store.record_allocation(name, _window_ends(st.windows, now)[0] - st.windows[0].elapsed_s, *applied)
+                live.applied = applied
             if st.ended:
                 if st.state == "finished":
                     metric = f", metric {st.metric:.6g}" if st.metric is not None else ""
