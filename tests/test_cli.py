@@ -65,3 +65,47 @@ def test_a_server_option_its_policy_lacks_is_refused_before_ray_starts(tmp_path)
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == "error: policy 'static' has no option 'rescale_cost_s' (its options: none)"
+
+
+def test_a_port_in_use_is_refused_in_one_line_before_ray_starts(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        args = ["server", "--workdir", str(tmp_path), "--port", str(port)]
+        done = subprocess.run([sys.executable, "-m", "elasticps", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert "Ray" not in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_the_server_listens_before_it_prints_its_address(tmp_path):
+    """A script that starts the server and calls it once the address is printed is
+    queued, never refused (the walkthrough's submit came right after that line)."""
+    import os
+    import re
+    import signal
+    import socket
+
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    args = ["server", "--workdir", str(tmp_path / "state"), "--port", "0", "--num-cpus", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "elasticps", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env, start_new_session=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        found = re.match(r"elasticps manager on http://127\.0\.0\.1:(\d+) ", line)
+        assert found and found.group(1) != "0", line  # port 0: the port it took, not 0
+        with socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=10):
+            pass
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

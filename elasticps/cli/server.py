@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,20 @@ def _ship_roots(text: str | None) -> tuple[str, ...] | None:
     if bad or not roots:
         raise SystemExit(f"error: --ship-roots takes existing absolute directories, got {text!r}")
     return roots
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on HOST:PORT (port 0: a free one), or a one-line error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise SystemExit(f"error: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    return sock
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -72,6 +87,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     if args.efficiency_threshold is not None:
         options["efficiency_threshold"] = args.efficiency_threshold
     make_policy(args.policy, objective=args.objective, **options)  # an option it lacks: refused before Ray starts
+    listener = _listen(args.host, args.port)  # a port in use: refused before Ray starts
+    port = listener.getsockname()[1]
     ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
@@ -91,10 +108,12 @@ def cmd_server(args: argparse.Namespace) -> int:
     stop = threading.Event()
     loop = threading.Thread(target=manager.run, args=(args.interval_s, stop), name="elasticps-loop", daemon=True)
     loop.start()
-    print(f"elasticps manager on http://{args.host}:{args.port} (state in {workdir})", flush=True)
-    print(f"dashboard: http://{args.host}:{args.port}/#token={token}", flush=True)
+    # The socket listens already, so a client started once these lines are out is queued, not refused.
+    print(f"elasticps manager on http://{args.host}:{port} (state in {workdir})", flush=True)
+    print(f"dashboard: http://{args.host}:{port}/#token={token}", flush=True)
     try:
-        uvicorn.run(create_app(manager, token, frozenset(hosts)), host=args.host, port=args.port, log_level="warning")
+        config = uvicorn.Config(create_app(manager, token, frozenset(hosts)), log_level="warning")
+        uvicorn.Server(config).run(sockets=[listener])
     finally:
         # Everything a restart needs is in the store; if Ray went down with us (a signal to the
         # whole process group), calls into it would wait out Ray's own 60 s timeout, so give up sooner.
