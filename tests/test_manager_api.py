@@ -463,3 +463,26 @@ def test_a_full_disk_is_a_503_with_retry_after(server, monkeypatch):
     monkeypatch.setattr(manager.store, "add_job", full)
     r = client.post("/jobs", content=SPEC.format(name="no-room"), headers=YAML)
     assert r.status_code == 503 and "full" in r.json()["detail"] and r.headers["Retry-After"] == "5", r.text
+
+
+def test_reads_answer_while_a_round_holds_the_managers_lock(server):
+    """A round that is starting jobs (Ray calls: seconds) holds the manager's lock;
+    listing and reading jobs must not wait for it."""
+    client, manager = server
+    assert client.post("/jobs", content=SPEC.format(name="job-1"), headers=YAML).status_code == 201
+    taken, release = threading.Event(), threading.Event()
+
+    def a_long_round() -> None:
+        with manager._lock:
+            taken.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=a_long_round)
+    holder.start()
+    try:
+        assert taken.wait(10)
+        assert [j["name"] for j in client.get("/jobs", timeout=5).json()] == ["job-1"]
+        assert client.get("/jobs/job-1", timeout=5).json()["state"] == "pending"
+    finally:
+        release.set()
+        holder.join()

@@ -486,9 +486,12 @@ class Manager:
             return self._failures.get(name, 0)
 
     def statuses(self) -> dict[str, JobStatus]:
-        """The last poll of every job running here."""
-        with self._lock:
-            return {n: live.status for n, live in self.live.items() if live.status is not None}
+        """The last poll of every job running here. Without the lock, so that reads
+        (``GET /jobs``, the dashboard) never wait for a round that is starting jobs:
+        ``dict()`` copies the table in one step under the interpreter's lock (its keys
+        are strings), and each status is replaced whole by a poll, never changed in place."""
+        live = dict(self.live)
+        return {n: j.status for n, j in live.items() if j.status is not None}
 
     # -- helpers (called with the lock held, except _drain)
     def _apply_batch(self, name: str, batch: int, now: float, why: Callable[[int], str]) -> None:
