@@ -22,6 +22,8 @@ from elasticps.cli.common import (
 #: What --policy and --compare take: every policy of elasticps.sched.policies, and the oracle.
 SIM_POLICIES = ("static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle")
 OBJECTIVES = ("goodput", "speed", "efficiency")
+#: What --truth takes: elasticps.sim.truth.TRUTHS (a test keeps them equal; the simulator loads only when a run starts).
+TRUTHS = ("optimus", "grid", "mixed")
 
 WORKLOAD_HELP = """\
 workload files (--workload): CSV with a header row, or JSONL (one object a line); a row's fields
@@ -47,12 +49,13 @@ model kinds (elasticps/sched/synthetic.py; batch, parameters):
 docs/simulator.md has the speed model and the figures measured with it."""
 
 
-def _names(valid: tuple[str, ...], what: str, plural: str):
+def _names(valid: tuple[str, ...], what: str, plural: str, single: bool = False):
     """An argparse type: comma-separated names, each one of ``valid`` (a typo is
-    refused at once, listing them, with the closest name)."""
+    refused at once, listing them, with the closest name); ``single``: exactly
+    one name, returned as it is."""
     import difflib
 
-    def parse(text: str) -> list[str]:
+    def parse(text: str) -> list[str] | str:
         names = [n.strip() for n in text.split(",") if n.strip()]
         for name in names:
             if name not in valid:
@@ -63,7 +66,9 @@ def _names(valid: tuple[str, ...], what: str, plural: str):
             raise argparse.ArgumentTypeError(f"give one or more {plural}, comma-separated ({', '.join(valid)})")
         if len(set(names)) < len(names):
             raise argparse.ArgumentTypeError(f"a {what} named twice in {text!r}")
-        return names
+        if single and len(names) > 1:
+            raise argparse.ArgumentTypeError(f"one {what} at a time, got {text!r} ({plural}: {', '.join(valid)})")
+        return names[0] if single else names
 
     return parse
 
@@ -153,6 +158,7 @@ def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) 
             fleet_prior=not args.no_fleet_prior,
             job_speed_spread=args.job_spread,
             seed=seed,
+            truth=args.truth,
         )
         name = objective if args.objectives else policy
         label = name if args.seeds is None else f"{name} (seed {seed})"
@@ -303,6 +309,12 @@ def add_parsers(sub: Any) -> None:
         help="jobs of one kind differ: each job's true speed is its kind's x a lognormal factor of this sigma "
         "(e.g. 0.2); 0: every job of a kind runs alike",
     )
+    sim.add_argument(
+        "--truth", default="optimus", type=_names(TRUTHS, "truth", "truths", single=True),
+        help="the ground truth of PS jobs' speeds: optimus (the form the speed model fits), grid (every job "
+        "follows the measured bench-shapes grid) or mixed (each job draws saturating PS bandwidth, straggling "
+        "PS and workers, or the grid); grid and mixed report with the measured 14%% noise (elasticps/sim/truth.py)",
+    )  # fmt: skip
     sim.add_argument(
         "--compare", type=_names(SIM_POLICIES, "policy", "policies"),
         help=f"comma-separated policies to run on the same workload, e.g. static,elastic ({', '.join(SIM_POLICIES)}); "

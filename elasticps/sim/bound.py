@@ -19,7 +19,10 @@ their averages is ``lower_bound_s``:
    memory), the largest taken. It means something where the cluster is
    contended; on an idle one the per-job bound is the larger.
 
-Both ignore other tenants (they only take room away), so the bound is lower
+Both use the run's ground truth (:mod:`elasticps.sim.truth`), each job at
+its own surface; a job whose surface pays for shards sharing a node
+(``saturation``) is judged with each shard on a node of its own (the
+fastest it could be). Both ignore other tenants (they only take room away), so the bound is lower
 than it could be where tenants hold much (by up to their mean share of the
 CPUs, 12.5% by default, on a cluster that is busy all the time).
 ``makespan_s``: the last job's arrival plus its per-job time, or the fluid
@@ -40,8 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from elasticps.sched.goodput import batch_candidates, statistical_efficiency
-from elasticps.sched.synthetic import ModelKind, kind_speed
+from elasticps.sched.synthetic import ModelKind
 from elasticps.sched.types import Resources
+from elasticps.sim.truth import OPTIMUS_TRUTH, Truth
 from elasticps.sim.workload import KINDS, WorkloadJob, noise_scale_at
 
 #: Pieces an adaptive job's work is cut into (its noise scale at each piece's end).
@@ -81,19 +85,22 @@ def lower_bound(
     node: Resources,
     local_factor: float,
     speed_factor: Callable[[WorkloadJob], float] = lambda spec: 1.0,
+    truth: Truth = OPTIMUS_TRUTH,
 ) -> LowerBound:
     """The bounds above for ``workload`` on ``nodes`` nodes of capacity ``node``;
-    ``speed_factor(job)``: a job's true speed against its kind's."""
+    ``speed_factor(job)``: a job's true speed against its kind's; ``truth``:
+    the speed surfaces (each job's own)."""
     total = node.scaled(nodes)
     alone: list[float] = []
     need: dict[str, list[float]] = {"cpu": [], "gpu": [], "memory": []}
     for spec in workload:
         factor = speed_factor(spec)
         pieces = _pieces(spec)
+        surface = truth.surface(spec.id, KINDS[spec.kind])
         seconds, area = 0.0, dict.fromkeys(need, 0.0)
         for share, noise in pieces:
             work = share * spec.samples
-            best, least = _best_rates(_profile(spec), node, total, local_factor, noise)
+            best, least = _best_rates(_profile(spec), node, total, local_factor, noise, truth, surface)
             seconds += work / (factor * best)
             for r in need:
                 area[r] += work * least[r] / factor
@@ -158,7 +165,13 @@ def _profile(spec: WorkloadJob) -> WorkloadJob:
 
 @functools.lru_cache(maxsize=4096)
 def _best_rates(
-    spec: WorkloadJob, node: Resources, total: Resources, local_factor: float, noise: float | None
+    spec: WorkloadJob,
+    node: Resources,
+    total: Resources,
+    local_factor: float,
+    noise: float | None,
+    truth: Truth = OPTIMUS_TRUTH,
+    surface: str = OPTIMUS_TRUTH.name,
 ) -> tuple[float, dict[str, float]]:
     """The job's best progress rate (samples at the kind's batch per second, at
     its kind's speed) over shapes and batches, and per resource the least of
@@ -177,7 +190,7 @@ def _best_rates(
             if cross is None:
                 continue
             rate = max(
-                kind_speed(kind, p, w, cross, local_factor, m) * statistical_efficiency(m, noise, kind.batch)
+                truth.speed(surface, kind, p, w, cross, local_factor, m) * statistical_efficiency(m, noise, kind.batch)
                 for m in batches
             )
             if rate <= 0:

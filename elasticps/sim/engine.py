@@ -1,12 +1,15 @@
 """The discrete-event simulation.
 
-Ground truth, which the policy never sees: a job of kind k at shape (p, w)
-placed with cross-node fraction c of its PS traffic runs at
+Ground truth, which the policy never sees: by default (``truth="optimus"``)
+a job of kind k at shape (p, w) placed with cross-node fraction c of its PS
+traffic runs at
 
     samples/s = M / (t0*M/w + t1 + t2*(w/p)*(c + (1 - c)*LOCAL) + t3*w + t4*p)
 
 (the Optimus form, the PS-traffic term cheaper by ``local_traffic_factor`` for
-same-node pairs). The ``oracle`` policy decides with that function (tasks
+same-node pairs); ``truth="grid"`` or ``"mixed"``: surfaces that are not the
+form the model fits (:mod:`elasticps.sim.truth`). The ``oracle`` policy and
+the lower bound use the same truth; the oracle decides with that function (tasks
 assumed spread over as few nodes as hold them) instead of fitted models.
 Each interval a running job reports that speed times
 (1 + noise), and the policy's :class:`~elasticps.sched.SpeedModel` of the job is
@@ -29,6 +32,7 @@ import math
 import random
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +54,7 @@ from elasticps.sched.speed import PRIOR_PER_JOB, fleet_prior
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 from elasticps.sim.bound import lower_bound
+from elasticps.sim.truth import OPTIMUS, OPTIMUS_TRUTH, Truth, busiest_on_a_node, make_truth
 from elasticps.sim.workload import KINDS, WorkloadJob, job_speed_factor, noise_scale_at
 
 #: ``--policy oracle``: the elastic policy's decisions, admission and placement,
@@ -76,6 +81,7 @@ class SimConfig:
     fleet_prior: bool = True
     job_speed_spread: float = 0.0  # jobs of one kind differ: each job's speed x lognormal(0, this)
     seed: int = 0
+    truth: str = OPTIMUS  # elasticps.sim.truth.TRUTHS: the ground truth's speed surfaces
 
 
 @dataclass
@@ -95,6 +101,7 @@ class _Job:
     batch: int = 0  # the global batch it trains at
     batch_changes: int = 0
     speed_factor: float = 1.0  # this job's speed against its kind's (SimConfig.job_speed_spread)
+    surface: str = OPTIMUS  # the truth surface its speed follows
 
     @property
     def done_share(self) -> float:
@@ -122,7 +129,9 @@ class SimResult:
         return out
 
 
-def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_factor: float) -> float:
+def true_speed(
+    job: _Job, p: int, w: int, placement: dict[str, str], local_factor: float, truth: Truth = OPTIMUS_TRUTH
+) -> float:
     """Raw samples/s at the job's batch, as placed."""
     if job.kind.allreduce:
         nodes = len(set(placement.values())) if placement else w
@@ -130,14 +139,26 @@ def true_speed(job: _Job, p: int, w: int, placement: dict[str, str], local_facto
     if w < 1 or p < 1:
         return 0.0
     cross = cross_share(placement, job.kind.param_bytes, w)
-    return job.speed_factor * kind_speed(job.kind, p, w, cross, local_factor, job.batch)
+    ps_nodes = Counter(n for task, n in placement.items() if task.startswith("ps-"))
+    busiest = max(ps_nodes.values()) if ps_nodes else p
+    return job.speed_factor * truth.speed(job.surface, job.kind, p, w, cross, local_factor, job.batch, busiest)
 
 
-def spanned_speed(kind: ModelKind, p: int, w: int, nodes: int, local_factor: float, batch: int | None = None) -> float:
+def spanned_speed(
+    kind: ModelKind,
+    p: int,
+    w: int,
+    nodes: int,
+    local_factor: float,
+    batch: int | None = None,
+    truth: Truth = OPTIMUS_TRUTH,
+    surface: str = OPTIMUS,
+) -> float:
     """Ground-truth samples/s of a shape whose tasks are spread evenly over
     ``nodes`` nodes: a worker's PS traffic crosses nodes for the 1 - 1/nodes of
     PS shards that are elsewhere."""
-    return kind_speed(kind, p, w, 1.0 - 1.0 / max(1, nodes), local_factor, batch)
+    cross = 1.0 - 1.0 / max(1, nodes)
+    return truth.speed(surface, kind, p, w, cross, local_factor, batch, busiest_on_a_node(p, nodes))
 
 
 def _worker_resources(spec: WorkloadJob) -> Resources:
@@ -186,6 +207,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     if not config.job_speed_spread >= 0:
         raise ConfigError(f"job speed spread is a lognormal sigma, at least 0, got {config.job_speed_spread:g}")
     check_fits(workload, config)
+    truth = make_truth(config.truth, config.seed)
+    noise = truth.noise(config.noise)
     rng = random.Random(config.seed)
     oracle = config.policy == ORACLE
     # the oracle decides with the elastic policy's code; only what it knows differs
@@ -220,7 +243,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         """Raw samples/s at the job's batch, as placed."""
         if job.shape is None:
             return 0.0
-        return true_speed(job, *job.shape, job.placement, config.local_traffic_factor)
+        return true_speed(job, *job.shape, job.placement, config.local_traffic_factor, truth)
 
     kind_models: dict[str, SpeedModel] = {}  # the fleet prior: one model per kind, from every job's reports
 
@@ -240,7 +263,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         span = span_of(job.spec)
 
         def speed(p: int, w: int) -> float:
-            return job.speed_factor * spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor)
+            return job.speed_factor * spanned_speed(
+                job.kind, p, w, span(p, w), config.local_traffic_factor, None, truth, job.surface
+            )
 
         return speed
 
@@ -248,7 +273,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         span = span_of(job.spec)
 
         def speed_at(p: int, w: int, batch: int) -> float:
-            return job.speed_factor * spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor, batch)
+            return job.speed_factor * spanned_speed(
+                job.kind, p, w, span(p, w), config.local_traffic_factor, batch, truth, job.surface
+            )
 
         return speed_at
 
@@ -377,6 +404,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             kind = KINDS[spec.kind]
             job = _Job(spec, kind, spec.samples, SpeedModel(kind.batch, span=span_of(spec)), batch=kind.batch)
             job.speed_factor = job_speed_factor(spec, config.seed, config.job_speed_spread)
+            job.surface = truth.surface(spec.id, kind)
             jobs[spec.id] = active[spec.id] = job
             ai += 1
         if t >= next_tenant:
@@ -390,7 +418,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                 speed = speeds.get(job.spec.id, 0.0)
                 if job.shape is not None and speed > 0 and t >= job.paused_until:
                     # what the runtime reports: samples/s at its batch
-                    observed = speed * max(0.05, 1.0 + rng.gauss(0.0, config.noise))
+                    observed = speed * max(0.05, 1.0 + rng.gauss(0.0, noise))
                     nodes = len(set(job.placement.values())) or 1
                     p, w = job.shape
                     cross = None if job.kind.allreduce else cross_share(job.placement, job.kind.param_bytes, w)
@@ -427,7 +455,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     }
     bound = lower_bound(
         workload, config.nodes, capacity, config.local_traffic_factor,
-        lambda spec: job_speed_factor(spec, config.seed, config.job_speed_spread),
+        lambda spec: job_speed_factor(spec, config.seed, config.job_speed_spread), truth,
     )  # fmt: skip
     metrics["lower_bound_s"] = bound.avg_jct_s
     metrics["gap_to_bound"] = metrics["avg_jct_s"] / bound.avg_jct_s - 1.0
