@@ -15,7 +15,6 @@ import queue
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -26,8 +25,8 @@ from elasticps.errors import ProgramError
 from elasticps.loop.api import set_session
 from elasticps.loop.program import LoopProgram
 from elasticps.loop.worker_session import RELEASE, ParamsMessage, Released, StepMessage, WorkerSession
-from elasticps.runtime.cpu_limit import CpuLimit
-from elasticps.runtime.shm import Attachments, OwnedVector, available
+from elasticps.runtime.shm import OwnedVector, available
+from elasticps.runtime.worker_base import WorkerBase
 
 #: Concurrent calls a loop worker serves: a step blocks while the user's code
 #: runs, and pings, snapshots and releases must still get through.
@@ -35,7 +34,7 @@ MAX_CONCURRENCY = 4
 _ENDED = object()
 
 
-class UserCodeError(Exception):
+class TrainingFunctionError(Exception):
     """The user's function raised: its traceback, as text (it crosses processes)."""
 
 
@@ -75,7 +74,7 @@ def _install_clip_hook(session: WorkerSession) -> None:
     torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_  # type: ignore[assignment]
 
 
-class LoopWorker:
+class LoopWorker(WorkerBase):
     def __init__(
         self,
         program: LoopProgram,
@@ -84,18 +83,13 @@ class LoopWorker:
         cpu_limit: float | None = None,
         dataset: Any = None,
     ) -> None:
-        torch.set_num_threads(max(1, threads))
+        super().__init__(threads, cpu_limit)
         self.program = program
-        self.cpu_limit = CpuLimit(cpu_limit)
         self._shared = shared_memory and available()
-        self._grad_shm: OwnedVector | None = None
         self.session = WorkerSession(program, self._grad_buffer)
         set_session(self.session)
         _install_loss_hook(self.session)
         _install_clip_hook(self.session)
-        self._attached = Attachments()
-        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
-        self._next: tuple[np.ndarray, Any] | None = None
         self._done = threading.Event()
         self.error: str | None = None
         self._thread = threading.Thread(target=self._run, name="user-loop", daemon=True)
@@ -114,8 +108,8 @@ class LoopWorker:
             pass
         except BaseException as exc:  # the user's error: kept, and given to the step waiting for it
             self.error = "".join(traceback.format_exception(exc))
-            self.session.outbox.put(UserCodeError(self.error))
-            self.session.snapshots.put(UserCodeError(self.error))
+            self.session.outbox.put(TrainingFunctionError(self.error))
+            self.session.snapshots.put(TrainingFunctionError(self.error))
         finally:
             self._done.set()
             self.session.prepared.set()
@@ -127,21 +121,15 @@ class LoopWorker:
         """Once the user's function has prepared its model (or failed before)."""
         self.session.prepared.wait()
         if self.error is not None:
-            raise UserCodeError(f"the training function failed before its first step:\n{self.error}")
+            raise TrainingFunctionError(f"the training function failed before its first step:\n{self.error}")
         if self.session.flat is None:
             raise ProgramError("the training function returned without calling elasticps.torch.prepare")
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
 
-    def ping(self) -> int:
-        return os.getpid()
-
     def close(self) -> None:
         """Leave the job: the loop ends quietly at its next wait; shared memory is unlinked."""
         self.session.inbox.put(RELEASE)
-        if self._grad_shm is not None:
-            self._grad_shm.close()
-            self._grad_shm = None
-        self._reader.shutdown(wait=False, cancel_futures=True)
+        super().close()
 
     # -- the step protocol ----------------------------------------------------------------
     def step(
@@ -162,16 +150,10 @@ class LoopWorker:
         """This worker's gradient of step ``step``: ``indices`` are its share of the
         global batch of ``denominator`` samples (``pad``: a stand-in sample
         weighted 0, the batch being smaller than the workers)."""
-        prefetched = self._next is not None and np.array_equal(self._next[0], indices)
         loader = self.session.loader
-        batch = self._next[1] if prefetched and self._next else None
-        if batch is None and loader is not None:
-            batch = self._reader.submit(loader.fetch, indices)
-        self._next = None
-        if prefetch is not None and len(prefetch) and loader is not None:
-            self._next = (np.asarray(prefetch), self._reader.submit(loader.fetch, prefetch))
+        batch, prefetched = self._samples(indices, prefetch, None if loader is None else loader.fetch)
         t0 = time.perf_counter()
-        parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
+        parts = self._pull(param_refs)
         t1 = time.perf_counter()
         scale = 0.0 if pad else len(indices) / denominator
         self.session.inbox.put(StepMessage(step, epoch, parts, bounds, indices, batch, scale, user_state))
@@ -179,12 +161,7 @@ class LoopWorker:
             out = self._await(self.session.outbox)
         t2 = time.perf_counter()
         assert self.session.flat is not None
-        g = self.session.flat.grads_numpy()
-        local = same_node if (same_node is not None and self._grad_shm is not None) else [False] * len(bounds)
-        slices: list[Any] = [
-            self._grad_shm.ref(lo, hi) if here and self._grad_shm else g[lo:hi]
-            for (lo, hi), here in zip(bounds, local, strict=True)
-        ]
+        slices = self._handoff(self.session.flat.grads_numpy(), bounds, same_node)
         stats = {
             **out,
             "step": step,
@@ -194,10 +171,7 @@ class LoopWorker:
             "batch_half": 0,
             "sqnorm_half": float("nan"),
             "sqnorm_local": float("nan"),
-            "prefetched": prefetched,
-            "pull_bytes": [int(p.nbytes) for p in parts],
-            "push_bytes": [int(s.nbytes) for s in slices],
-            "sent_at": time.time(),
+            **self._transfer_stats(parts, slices, prefetched),
         }
         return (stats, *slices)
 
@@ -206,7 +180,7 @@ class LoopWorker:
     ) -> dict[str, Any]:
         """Give the loop the parameters of ``step`` without a batch; return its
         registered state (and reports) as they are when it next waits for a batch."""
-        parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
+        parts = self._pull(param_refs)
         self.session.inbox.put(ParamsMessage(step, parts, bounds, next_epoch, snapshot=True))
         return self._await(self.session.snapshots)
 
@@ -215,16 +189,16 @@ class LoopWorker:
     ) -> dict[str, Any]:
         """Training is over: give the loop the final parameters and let it end
         (its last evaluation and reports run now). Returns its last reports."""
-        parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
+        parts = self._pull(param_refs)
         self.session.inbox.put(ParamsMessage(step, parts, bounds, None))
         ended = self._done.wait(timeout_s)
         if self.error is not None:
-            raise UserCodeError(f"the training function failed after its last step:\n{self.error}")
+            raise TrainingFunctionError(f"the training function failed after its last step:\n{self.error}")
         return {"reports": self.session.take_reports(), "ended": ended, "state": self.session.snapshot()}
 
     def _await(self, box: queue.Queue) -> Any:
         out = box.get()
-        if isinstance(out, UserCodeError):
+        if isinstance(out, TrainingFunctionError):
             raise out
         if out is _ENDED:
             raise ProgramError(

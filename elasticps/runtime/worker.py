@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -12,13 +11,13 @@ import ray
 import torch
 
 from elasticps.program import TrainingProgram
-from elasticps.runtime.cpu_limit import CpuLimit
 from elasticps.runtime.data import fetch_batch, forward, rows
 from elasticps.runtime.flat import FlatModel
-from elasticps.runtime.shm import Attachments, OwnedVector, available
+from elasticps.runtime.shm import OwnedVector, available
+from elasticps.runtime.worker_base import WorkerBase
 
 
-class Worker:
+class Worker(WorkerBase):
     """Computes gradients for the samples the controller hands it.
 
     :meth:`step` returns ``1 + num_shards`` values: a dict of statistics, then
@@ -36,31 +35,16 @@ class Worker:
         dataset: Any = None,
     ) -> None:
         """``dataset``: the training set, already built (None: build it from the program)."""
-        torch.set_num_threads(max(1, threads))
+        super().__init__(threads, cpu_limit)
         self.program = program
-        self.cpu_limit = CpuLimit(cpu_limit)
         model = program.build_model()
         numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self._grad_shm = OwnedVector("grad", numel) if shared_memory and available() else None
         self.flat = FlatModel(model, None if self._grad_shm is None else self._grad_shm.array)
         self.dataset = dataset if dataset is not None else program.build_dataset()
-        self._attached = Attachments()
-        # the next step's samples, read in the background while this step computes
-        self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
-        self._next: tuple[np.ndarray, Future] | None = None
 
     def ready(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
-
-    def ping(self) -> int:
-        return os.getpid()
-
-    def close(self) -> None:
-        """Unlink this worker's shared memory (before the actor is killed)."""
-        if self._grad_shm is not None:
-            self._grad_shm.close()
-            self._grad_shm = None
-        self._reader.shutdown(wait=False, cancel_futures=True)
 
     def step(
         self,
@@ -85,13 +69,10 @@ class Worker:
         same shape and batch): read in the background meanwhile, and used if
         they are indeed asked for.
         """
-        prefetched = self._next is not None and np.array_equal(self._next[0], indices)
-        batch = self._next[1] if prefetched and self._next else self._reader.submit(fetch_batch, self.dataset, indices)
-        self._next = None
-        if prefetch is not None and len(prefetch):
-            self._next = (np.asarray(prefetch), self._reader.submit(fetch_batch, self.dataset, prefetch))
+        batch, prefetched = self._samples(indices, prefetch, lambda idx: fetch_batch(self.dataset, idx))
+        assert batch is not None
         t0 = time.perf_counter()
-        parts = [self._attached.resolve(p) for p in ray.get(param_refs)]
+        parts = self._pull(param_refs)
         self.flat.bind(parts, bounds)
         t1 = time.perf_counter()
 
@@ -100,12 +81,7 @@ class Worker:
                 batch.result(), len(indices), denominator, seed, measure
             )
         t2 = time.perf_counter()
-        g = self.flat.grads_numpy()
-        local = same_node if (same_node is not None and self._grad_shm is not None) else [False] * len(bounds)
-        slices: list[Any] = [
-            self._grad_shm.ref(lo, hi) if here and self._grad_shm else g[lo:hi]
-            for (lo, hi), here in zip(bounds, local, strict=True)
-        ]
+        slices = self._handoff(self.flat.grads_numpy(), bounds, same_node)
         stats = {
             "step": step,
             "samples": b,
@@ -115,10 +91,7 @@ class Worker:
             "batch_half": half,
             "sqnorm_half": sq_half,
             "sqnorm_local": sq_local,
-            "prefetched": prefetched,
-            "pull_bytes": [int(p.nbytes) for p in parts],  # same-node bytes are read in place
-            "push_bytes": [int(s.nbytes) for s in slices],
-            "sent_at": time.time(),
+            **self._transfer_stats(parts, slices, prefetched),
         }
         return (stats, *slices)
 
