@@ -24,6 +24,8 @@ SIM_POLICIES = ("static", "greedy", "optimus", "elastic", "pollux", "tiresias", 
 OBJECTIVES = ("goodput", "speed", "efficiency")
 #: What --truth takes: elasticps.sim.truth.TRUTHS (a test keeps them equal; the simulator loads only when a run starts).
 TRUTHS = ("optimus", "grid", "mixed")
+#: What --workload-shape takes: elasticps.sim.workload.synthetic_workload, elasticps.sim.traces.trace_workload.
+WORKLOAD_SHAPES = ("synthetic", "trace")
 
 WORKLOAD_HELP = """\
 workload files (--workload): CSV with a header row, or JSONL (one object a line); a row's fields
@@ -79,8 +81,20 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.compare and args.objectives:
         raise ConfigError("--compare (policies) and --objectives: one at a time")
-    if args.seeds is not None and (args.plot or args.workload):
-        raise ConfigError("--seeds varies the synthetic workload's seed: not with --plot or --workload")
+    if args.seeds is not None and (args.plot or args.workload or args.trace):
+        raise ConfigError("--seeds varies the generated workload's seed: not with --plot or --workload (or --trace)")
+    if args.workload and args.trace:
+        raise ConfigError("--workload and --trace: one workload at a time")
+    if (args.workload or args.trace) and args.workload_shape != "synthetic":
+        raise ConfigError("--workload-shape shapes a generated workload: not with --workload or --trace")
+    if args.adaptive_jobs and (args.trace or args.workload_shape == "trace"):
+        raise ConfigError("--adaptive-jobs applies to the synthetic workload only")
+    if args.trace:
+        from elasticps.sim.traces import load_trace_csv
+
+        if not Path(args.trace).is_file():
+            raise ConfigError(f"--trace {args.trace}: no such file")
+        load_trace_csv(args.trace)  # a bad row is a ConfigError naming its row and column
     if args.workload:
         from elasticps.sim import load_workload
 
@@ -138,9 +152,14 @@ def verdict(avg_jct_s: dict[str, float]) -> str:
 def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) -> dict:
     """Each (policy, objective) of ``runs`` simulated on the workload of ``seed``."""
     from elasticps.sim import SimConfig, load_workload, simulate, synthetic_workload
+    from elasticps.sim.traces import load_trace_csv, trace_workload
 
     if args.workload:
         workload = load_workload(args.workload)
+    elif args.trace:
+        workload = load_trace_csv(args.trace, seed=seed)
+    elif args.workload_shape == "trace":
+        workload = trace_workload(args.jobs, seed=seed, gpu_share=args.gpu_jobs)
     else:
         workload = synthetic_workload(args.jobs, seed=seed, gpu_share=args.gpu_jobs, adaptive_share=args.adaptive_jobs)
     results = {}
@@ -263,13 +282,20 @@ def add_parsers(sub: Any) -> None:
         "sim", help="simulate policies on a modelled cluster", formatter_class=DefaultsHelp, epilog=WORKLOAD_HELP
     )
     sim.add_argument("--workload", help="a .csv or .jsonl workload (below; default: synthetic)")
-    sim.add_argument("--jobs", type=positive_int, default=300, help="synthetic workload: number of jobs")
+    sim.add_argument("--trace", help="a trace CSV: submit_time_s, duration_s, num_gpus[, id, kind] (docs/simulator.md)")
+    sim.add_argument(
+        "--workload-shape", default="synthetic", choices=WORKLOAD_SHAPES,
+        help="the generated workload: synthetic (Poisson arrivals 30 s apart, ~1 h jobs) or trace (a daily "
+        "cycle, bursts, heavy-tailed durations and 1-16 GPU sizes as production GPU traces show, 300 s apart; "
+        "elasticps/sim/traces.py)",
+    )  # fmt: skip
+    sim.add_argument("--jobs", type=positive_int, default=300, help="generated workload: number of jobs")
     sim.add_argument("--nodes", type=positive_int, default=32, help="nodes of the modelled cluster")
     sim.add_argument("--node-cpu", type=positive_float, default=32.0, help="CPUs per node")
     sim.add_argument("--node-gpu", type=nonnegative_float, default=0.0, help="GPUs per node")
     sim.add_argument(
         "--gpu-jobs", type=share_of_jobs, default=0.0,
-        help="synthetic workload: share of all-reduce GPU jobs, 0..1 (needs --node-gpu)",
+        help="generated workload: share of all-reduce GPU jobs, 0..1 (needs --node-gpu)",
     )  # fmt: skip
     sim.add_argument(
         "--adaptive-jobs", type=share_of_jobs, default=0.0,

@@ -2,6 +2,7 @@
 the live manager, on a modelled cluster."""
 
 from elasticps.sim.engine import ORACLE, SimConfig, SimResult, gain_captured, simulate
+from elasticps.sim.traces import load_trace_csv, trace_workload
 from elasticps.sim.workload import WorkloadJob, load_workload, synthetic_workload
 
 __all__ = [
@@ -10,7 +11,9 @@ __all__ = [
     "SimResult",
     "WorkloadJob",
     "gain_captured",
+    "load_trace_csv",
     "load_workload",
     "simulate",
     "synthetic_workload",
+    "trace_workload",
 ]

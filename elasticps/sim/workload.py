@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from elasticps.errors import ConfigError
-from elasticps.sched.synthetic import GPU_KINDS, MODEL_KINDS, optimus_samples_per_s
+from elasticps.sched.synthetic import GPU_KINDS, MODEL_KINDS, ModelKind, optimus_samples_per_s
 
 KINDS = {k.name: k for k in MODEL_KINDS + GPU_KINDS}
 #: A job's gradient noise scale grows this many times over its training (it
@@ -78,6 +78,49 @@ class WorkloadJob:
             raise ConfigError(f"job {self.id}: the static shape must lie within min/max")
 
 
+def job_at_shape(
+    job_id: str,
+    arrival_s: float,
+    kind: ModelKind,
+    ps: int,
+    workers: int,
+    duration_s: float,
+    worker_cpu: float = 4.0,
+    **extra: float,
+) -> WorkloadJob:
+    """A job asking for (``ps``, ``workers``) whose work takes ``duration_s`` at that
+    shape. A PS kind may grow to 8 PS and 16 workers (or what it asks, if more); an
+    all-reduce kind has no PS and a GPU a worker (``ps`` is ignored)."""
+    if kind.allreduce:
+        return WorkloadJob(
+            id=job_id,
+            arrival_s=arrival_s,
+            kind=kind.name,
+            samples=optimus_samples_per_s(kind, 0, workers) * duration_s,
+            min_ps=0,
+            max_ps=0,
+            static_ps=0,
+            static_workers=workers,
+            max_workers=max(16, workers),
+            worker_cpu=4.0,
+            worker_gpu=1.0,
+            worker_memory_gb=16.0,
+            **extra,
+        )
+    return WorkloadJob(
+        id=job_id,
+        arrival_s=arrival_s,
+        kind=kind.name,
+        samples=optimus_samples_per_s(kind, ps, workers) * duration_s,
+        max_ps=max(8, ps),
+        max_workers=max(16, workers),
+        static_ps=ps,
+        static_workers=workers,
+        worker_cpu=worker_cpu,
+        **extra,
+    )
+
+
 def synthetic_workload(
     num_jobs: int,
     seed: int = 0,
@@ -105,23 +148,7 @@ def synthetic_workload(
         worker_cpu = rng.choice([2.0, 4.0])
         if gpu_share > 0 and gpu_rng.random() < gpu_share:
             gpu = gpu_rng.choice(GPU_KINDS)
-            workers = gpu_rng.choice([2, 4, 8])
-            jobs.append(
-                WorkloadJob(
-                    id=f"job-{i:05d}",
-                    arrival_s=round(t, 3),
-                    kind=gpu.name,
-                    samples=optimus_samples_per_s(gpu, 0, workers) * duration,
-                    min_ps=0,
-                    max_ps=0,
-                    static_ps=0,
-                    static_workers=workers,
-                    max_workers=16,
-                    worker_cpu=4.0,
-                    worker_gpu=1.0,
-                    worker_memory_gb=16.0,
-                )
-            )
+            jobs.append(job_at_shape(f"job-{i:05d}", round(t, 3), gpu, 0, gpu_rng.choice([2, 4, 8]), duration))
             continue
         adaptive = {}
         if adaptive_share > 0 and batch_rng.random() < adaptive_share:
@@ -129,20 +156,7 @@ def synthetic_workload(
                 "max_batch": 8 * kind.batch,
                 "noise_scale": kind.batch * batch_rng.choice([0.25, 0.5, 1.0, 2.0]),
             }
-        jobs.append(
-            WorkloadJob(
-                id=f"job-{i:05d}",
-                arrival_s=round(t, 3),
-                kind=kind.name,
-                samples=optimus_samples_per_s(kind, *static) * duration,
-                max_ps=8,
-                max_workers=16,
-                static_ps=static[0],
-                static_workers=static[1],
-                worker_cpu=worker_cpu,
-                **adaptive,
-            )
-        )
+        jobs.append(job_at_shape(f"job-{i:05d}", round(t, 3), kind, *static, duration, worker_cpu, **adaptive))
     return jobs
 
 
