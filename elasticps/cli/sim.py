@@ -48,6 +48,8 @@ model kinds (elasticps/sched/synthetic.py; batch, parameters):
   transformer-like   batch 64, 250M parameters
   mlp-small          batch 256, 10M parameters
   resnet50-allreduce batch 256, 100M parameters, GPU all-reduce (no PS)
+trace CSVs (--trace): a header row, then submit_time_s, duration_s (at the size asked) and num_gpus
+(the workers asked), optionally id and kind; docs/simulator.md ("Trace-shaped workloads").
 docs/simulator.md has the speed model and the figures measured with it."""
 
 
