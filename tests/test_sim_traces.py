@@ -167,6 +167,8 @@ def test_cli_refuses_a_bad_trace_or_a_mixed_choice_before_any_run(tmp_path, caps
     assert "--workload-shape shapes a generated workload" in capsys.readouterr().err
     assert main(["sim", "--workload-shape", "trace", "--adaptive-jobs", "0.5"]) == 2
     assert "synthetic workload only" in capsys.readouterr().err
+    assert main(["sim", "--trace", str(SAMPLE), "--interarrival-s", "60"]) == 2
+    assert "--interarrival-s shapes a generated workload" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["sim", "--workload-shape", "diurnal"])
     assert "invalid choice: 'diurnal'" in capsys.readouterr().err
@@ -177,6 +179,17 @@ def test_a_comparison_on_a_trace_workload_finishes(capsys):
     assert main([*argv, "--quiet"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith("elastic vs static: ") and len(out) == 4, out
+
+
+def test_interarrival_sets_the_generated_workloads_rate(tmp_path):
+    out = tmp_path / "run.json"
+    base = ["sim", "--workload-shape", "trace", "--jobs", "40", "--nodes", "8", "--quiet", "--json", str(out)]
+    assert main([*base, "--interarrival-s", "60"]) == 0
+    fast = json.loads(out.read_text())
+    assert main(base) == 0
+    slow = json.loads(out.read_text())
+    # 40 jobs 60 s apart arrive within ~40 min; 300 s apart, ~3.3 h: the run ends sooner, the cluster busier
+    assert fast["mean_utilization"] > slow["mean_utilization"] and fast["makespan_s"] < slow["makespan_s"]
 
 
 def test_the_sample_trace_runs_on_a_gpu_cluster(capsys):

@@ -89,6 +89,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--workload and --trace: one workload at a time")
     if (args.workload or args.trace) and args.workload_shape != "synthetic":
         raise ConfigError("--workload-shape shapes a generated workload: not with --workload or --trace")
+    if args.interarrival_s is not None and (args.workload or args.trace):
+        raise ConfigError("--interarrival-s shapes a generated workload: not with --workload or --trace")
     if args.adaptive_jobs and (args.trace or args.workload_shape == "trace"):
         raise ConfigError("--adaptive-jobs applies to the synthetic workload only")
     if args.trace:
@@ -160,10 +162,12 @@ def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) 
         workload = load_workload(args.workload)
     elif args.trace:
         workload = load_trace_csv(args.trace, seed=seed)
-    elif args.workload_shape == "trace":
-        workload = trace_workload(args.jobs, seed=seed, gpu_share=args.gpu_jobs)
     else:
-        workload = synthetic_workload(args.jobs, seed=seed, gpu_share=args.gpu_jobs, adaptive_share=args.adaptive_jobs)
+        generate = trace_workload if args.workload_shape == "trace" else synthetic_workload
+        kw = {} if args.interarrival_s is None else {"mean_interarrival_s": args.interarrival_s}
+        if args.adaptive_jobs:
+            kw["adaptive_share"] = args.adaptive_jobs
+        workload = generate(args.jobs, seed=seed, gpu_share=args.gpu_jobs, **kw)
     results = {}
     for policy, objective in runs:
         config = SimConfig(
@@ -292,6 +296,10 @@ def add_parsers(sub: Any) -> None:
         "elasticps/sim/traces.py)",
     )  # fmt: skip
     sim.add_argument("--jobs", type=positive_int, default=300, help="generated workload: number of jobs")
+    sim.add_argument(
+        "--interarrival-s", type=positive_float,
+        help="generated workload: mean seconds between submissions (default: 30 synthetic, 300 trace)",
+    )  # fmt: skip
     sim.add_argument("--nodes", type=positive_int, default=32, help="nodes of the modelled cluster")
     sim.add_argument("--node-cpu", type=positive_float, default=32.0, help="CPUs per node")
     sim.add_argument("--node-gpu", type=nonnegative_float, default=0.0, help="GPUs per node")
