@@ -7,6 +7,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Each Ray node's object store. ``ray.cluster_utils.Cluster`` gives a node 150 MiB, less than one
+#: step's gradients of the 10M-parameter model at W = 4 (4 x 40 MB): the plain PS, and elasticps
+#: between nodes, then spill to disk every step and fall to ~100 samples/s. A Ray node started
+#: by hand gets 30% of the machine's memory; 2 GiB a node is what these runs need.
+NODE_OBJECT_STORE_BYTES = 2 * 1024**3
+
 
 @dataclass
 class RunResult:

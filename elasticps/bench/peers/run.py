@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from elasticps.bench.peers import ddp, elasticps_ps, plain_ps, ray_train, torchrun
-from elasticps.bench.peers.common import RunResult
+from elasticps.bench.peers.common import NODE_OBJECT_STORE_BYTES, RunResult
 from elasticps.bench.peers.resize import Timeline, summarize
 from elasticps.bench.peers.workloads import NAMES, Workload
 
@@ -115,6 +115,7 @@ def setup(config: PeersConfig) -> dict[str, Any]:
         "comm_share": "1 - (forward/backward + optimizer update) / step wall time; DDP's forward/backward timed "
         "without its all-reduce (no_sync)",
         "elasticps_ps": f"P = 1 and the best of P in {list(config.ps_sweep)} by median (a sweep)",
+        "object_store_bytes_per_node": NODE_OBJECT_STORE_BYTES,
     }
 
 
@@ -184,7 +185,7 @@ def three_node_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None
     """elasticps with its PS on the head node and its workers spread over two other nodes."""
     import ray
 
-    nodes = [cluster.add_node(num_cpus=NODE_CPUS) for _ in range(2)]
+    nodes = [cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=NODE_OBJECT_STORE_BYTES) for _ in range(2)]
     cluster.wait_for_nodes()
     try:
         head = ray.get_runtime_context().get_node_id()
@@ -260,7 +261,7 @@ def limits(config: PeersConfig, cluster: Any) -> dict[str, Any]:
     out["memcpy_MBps"] = runtime_bench.memcpy_mbps(repeats)
     out["pushpull_shm_MBps"] = runtime_bench.pushpull_mbps(repeats, shared=True)
     out["pushpull_object_store_one_node_MBps"] = runtime_bench.pushpull_mbps(repeats, shared=False)
-    node = cluster.add_node(num_cpus=NODE_CPUS)
+    node = cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=NODE_OBJECT_STORE_BYTES)
     cluster.wait_for_nodes()
     try:
         head = ray.get_runtime_context().get_node_id()
@@ -304,7 +305,14 @@ def start_cluster() -> Any:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": HEAD_CPUS, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": HEAD_CPUS,
+            "include_dashboard": False,
+            "object_store_memory": NODE_OBJECT_STORE_BYTES,
+        },
+    )
     # Ray Train's helpers find their cluster through the state API, which picks the newest cluster on the
     # machine unless RAY_ADDRESS names one: with other clusters running here it must name ours
     ray.init(address=cluster.address, logging_level="ERROR", runtime_env={"env_vars": {"RAY_ADDRESS": cluster.address}})
