@@ -15,6 +15,14 @@ Per ``sync`` step t with P shards and W workers::
 
 The sum over workers is the global-batch mean gradient whatever W is, and the
 optimizers are elementwise, so the update does not depend on (P, W).
+
+Why one long module: the step, the shape change at a boundary and the recovery
+after a lost task read and replace the same task lists, parameter references and
+data position, in an order that is the correctness argument (a change is applied
+only between two steps; recovery restores what a step half-applied). What stands
+apart is elsewhere: the record of windows, events and traffic (``recorder``), the
+tasks and their placement (``tasks``, ``slots``), checkpoints, data order, a user
+loop's protocol (``user_loop``). Cutting the rest into classes is still to do.
 """
 
 from __future__ import annotations
@@ -38,23 +46,14 @@ from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition, GlobalBatches, split_evenly
 from elasticps.runtime.evaluate import evaluate
 from elasticps.runtime.flat import flat_params, load_flat, param_layout, shard_bounds
-from elasticps.runtime.reports import (
-    EpochReport,
-    GradientSample,
-    JobReport,
-    RescaleRecord,
-    StepTimes,
-    WindowReport,
-    noise_scale,
-    pair_key,
-)
+from elasticps.runtime.recorder import MAX_WINDOWS, StepRecorder
+from elasticps.runtime.recorder import Shape as RecordedShape
+from elasticps.runtime.reports import EpochReport, JobReport, RescaleRecord, WindowReport
 from elasticps.runtime.shard_state import ShardState, concat_shards
 from elasticps.runtime.slots import fits_now, match_slots
 
 log = logging.getLogger("elasticps.runtime")
 
-MAX_WINDOWS = 2000
-MAX_EVENTS = 500
 SUSPECT_NODE_S = 60.0  # Ray notices a dead raylet within ~30 s; until then do not pin to it
 
 
@@ -77,19 +76,6 @@ class _PendingChange:
     reason: str
     kept_ps: dict[int, tasks.Task] = field(default_factory=dict)  # slot -> running task that fills it
     kept_workers: dict[int, tasks.Task] = field(default_factory=dict)
-
-
-@dataclass
-class _Window:
-    start: float
-    first_step: int
-    steps: int = 0
-    samples: int = 0
-    loss_sum: float = 0.0
-    times: StepTimes = field(default_factory=StepTimes)
-    nodes: set[str] = field(default_factory=set)  # where the window's tasks ran
-    local_bytes: int = 0  # PS traffic between tasks on one node
-    cross_bytes: int = 0  # PS traffic between nodes
 
 
 def task_name(kind: str, index: int) -> str:
@@ -125,7 +111,6 @@ class JobController:
         self._request_id = 0
         self._applied_request = 0
         self._stop = threading.Event()
-        self._on_window = on_window
         self._on_epoch = on_epoch
         self._store = CheckpointStore(self.config.checkpoint_dir) if self.config.checkpoint_dir else None
 
@@ -141,7 +126,6 @@ class JobController:
         self.samples_seen = 0
         self.batch_size = self.program.batch_size  # the global batch M now
         self._batch_request: int | None = None
-        self._prefetched = 0
         self.state = "created"
         self.error: str | None = None
         self.final_metric: float | None = None  # the metric of the final parameters, once finished
@@ -151,20 +135,14 @@ class JobController:
         self._dataset_ref: Any = None  # the training set in the object store, for new workers (None: they build it)
         self._eval_model: torch.nn.Module | None = None
         self._eval_data: Any = None
-        self._window: _Window | None = None
-        self._windows: list[WindowReport] = []
+        self._record = StepRecorder(self.program.name, self.config.report_interval_s, self._lock, on_window)
         self._epochs: list[EpochReport] = []
         self._rescales: list[RescaleRecord] = []
-        self._events: list[str] = []
-        self._events_total = 0  # events ever recorded (the list keeps the newest MAX_EVENTS)
-        self._grad_samples: list[GradientSample] = []
         self._metrics: list[user_loop.MetricReport] = []  # what a user's loop reported
         self._joiners: dict[int, bytes | None] = {}  # id(worker handle) -> registered state for its first step
         self._user_state: bytes | None = None  # a user loop's registered state, as last snapshotted
         self._user_state_at = -1  # the step it was snapshotted at
         self._finished_loops = False  # the user loops ran to their end
-        self._epoch_grad_samples: list[GradientSample] = []
-        self._bytes: dict[str, int] = {}
         self._epoch_start = (0.0, 0)
         self._last_ckpt_step = -1
         self._nodes_used: set[str] = set()  # where the job's tasks ran: swept at shutdown
@@ -237,17 +215,17 @@ class JobController:
                 num_workers=len(self.workers),
                 target_shape=(self._target.num_ps, self._target.num_workers),
                 placement=self.placement(),
-                windows=list(self._windows),
+                windows=list(self._record.windows),
                 epoch_reports=list(self._epochs),
                 rescales=list(self._rescales),
-                events=list(self._events),
-                events_total=self._events_total,
-                gradient_samples=list(self._grad_samples[-200:]),
-                bytes_between_nodes=dict(self._bytes),
-                cross_node_bytes=sum(v for k, v in self._bytes.items() if _crosses(k)),
+                events=list(self._record.events),
+                events_total=self._record.events_total,
+                gradient_samples=list(self._record.gradient_samples[-200:]),
+                bytes_between_nodes=dict(self._record.bytes),
+                cross_node_bytes=self._record.cross_node_bytes(),
                 error=self.error,
                 batch_size=self.batch_size,
-                prefetched_batches=self._prefetched,
+                prefetched_batches=self._record.prefetched,
                 metrics=list(self._metrics),
             )
 
@@ -627,94 +605,24 @@ class JobController:
         samples: int,
         big_batch: int,
     ) -> None:
-        n = len(stats)
-        last_sent = max(s["sent_at"] for s in stats)
-        times = StepTimes(
-            compute_s=sum(s["compute_s"] for s in stats) / n,
-            pull_s=sum(s["pull_s"] for s in stats) / n,
-            push_s=max(0.0, max(i["received_at"] for i in infos) - last_sent),
-            update_s=max(i["update_s"] for i in infos),
+        ps_nodes = [t.node_id for t in self.ps]
+        worker_nodes = [w.node_id for w in workers]
+        self._record.account(
+            self.step, stats, infos, ps_nodes, worker_nodes, wall_s, samples, big_batch, self._recorded_shape
         )
-        busy = max(s["compute_s"] + s["pull_s"] for s in stats) + times.push_s + times.update_s
-        times.wait_s = max(0.0, wall_s - busy)
-        loss = sum(s["loss_sum"] for s in stats)
-        with self._lock:
-            self._prefetched += sum(1 for s in stats if s.get("prefetched"))
-            now = time.monotonic()
-            if self._window is None:
-                self._window = _Window(start=now - wall_s, first_step=self.step)
-            win = self._window
-            win.nodes.update(t.node_id for t in (*self.ps, *workers))
-            for s, w in zip(stats, workers, strict=True):
-                for ps, pulled, pushed in zip(self.ps, s["pull_bytes"], s["push_bytes"], strict=True):
-                    down, up = pair_key(ps.node_id, w.node_id), pair_key(w.node_id, ps.node_id)
-                    self._bytes[down] = self._bytes.get(down, 0) + pulled
-                    self._bytes[up] = self._bytes.get(up, 0) + pushed
-                    if ps.node_id == w.node_id:
-                        win.local_bytes += pulled + pushed
-                    else:
-                        win.cross_bytes += pulled + pushed
-            halves = [s for s in stats if s["batch_half"] > 0]
-            if halves and (not big_batch or all("grad_sqnorm" in i for i in infos)):
-                small = GradientSample(
-                    batch_small=halves[0]["batch_half"],
-                    sqnorm_small=sum(s["sqnorm_half"] for s in halves) / len(halves),
-                    batch_big=big_batch or stats[0]["samples"],
-                    sqnorm_big=sum(i["grad_sqnorm"] for i in infos) if big_batch else stats[0]["sqnorm_local"],
-                )
-                self._grad_samples.append(small)
-                self._epoch_grad_samples.append(small)
-                del self._grad_samples[:-1000]
-            win.steps += 1
-            win.samples += samples
-            win.loss_sum += loss
-            win.times.add(times)
-            if now - win.start >= self.config.report_interval_s:
-                self._flush_window()
+
+    def _recorded_shape(self) -> RecordedShape:
+        return RecordedShape(len(self.ps), len(self.workers), self.batch_size)
 
     def _flush_window(self) -> None:
-        with self._lock:
-            win = self._window
-            if win is None or win.steps == 0:
-                return
-            elapsed = max(1e-9, time.monotonic() - win.start)
-            report = WindowReport(
-                first_step=win.first_step,
-                last_step=win.first_step + win.steps - 1,
-                steps=win.steps,
-                samples=win.samples,
-                elapsed_s=elapsed,
-                samples_per_s=win.samples / elapsed,
-                loss=win.loss_sum / max(1, win.samples),
-                mean_step_times=win.times.scaled(1.0 / win.steps),
-                num_ps=len(self.ps),
-                num_workers=len(self.workers),
-                batch_size=self.batch_size,
-                nodes=max(1, len(win.nodes)),
-                cross=win.cross_bytes / moved if (moved := win.local_bytes + win.cross_bytes) else None,
-            )
-            self._windows.append(report)
-            del self._windows[:-MAX_WINDOWS]
-            self._window = None
-        log.info(
-            "%s step %d: %.0f samples/s, loss %.4f, P=%d W=%d",
-            self.program.name,
-            report.last_step,
-            report.samples_per_s,
-            report.loss,
-            report.num_ps,
-            report.num_workers,
-        )
-        if self._on_window:
-            self._on_window(report)
+        self._record.flush(self._recorded_shape())
 
     def _end_epoch(self, epoch: int) -> None:
         self._flush_window()
         t0, s0 = self._epoch_start
         now = time.monotonic()
         elapsed = max(1e-9, now - t0)
-        epoch_windows = [w for w in self._windows if w.samples]
-        loss = epoch_windows[-1].loss if epoch_windows else float("nan")
+        loss, gns = self._record.end_epoch()
         metric, values = self._evaluate(), {}
         if self._loop:  # the loop's code after the epoch (its test pass, report) runs now; its report is the metric
             self._finish_loops() if self.done else self._snapshot_user_state()
@@ -726,7 +634,7 @@ class JobController:
             elapsed_s=elapsed,
             loss=loss,
             metric=metric,
-            noise_scale=noise_scale(self._epoch_grad_samples),
+            noise_scale=gns,
             num_ps=len(self.ps),
             num_workers=len(self.workers),
             batch_size=self.batch_size,
@@ -734,7 +642,6 @@ class JobController:
         )
         with self._lock:
             self._epochs.append(report)
-            self._epoch_grad_samples = []
         self._epoch_start = (time.monotonic(), self.samples_seen)
         metric = "" if report.metric is None else f", metric {report.metric:.4f}"
         log.info("%s epoch %d done: %.0f samples/s%s", self.program.name, epoch, report.samples_per_s, metric)
@@ -752,12 +659,7 @@ class JobController:
         return evaluate(self.program, self.parameters(), self._eval_model, self._eval_data)
 
     def _event(self, text: str) -> None:
-        line = f"step {self.step}: {text}"
-        log.info("%s %s", self.program.name, line)
-        with self._lock:
-            self._events.append(line)
-            self._events_total += 1
-            del self._events[:-MAX_EVENTS]
+        self._record.event(self.step, text)
 
     # ------------------------------------------------------- shape changes
     def _boundary(self) -> None:
@@ -1112,8 +1014,3 @@ def _get_each(refs: list[Any]) -> tuple[list[Any], ray.exceptions.RayError | Non
             values.append(None)
             first = first or exc
     return values, first
-
-
-def _crosses(key: str) -> bool:
-    src, _, dst = key.partition("->")
-    return src != dst
