@@ -14,6 +14,11 @@ from typing import Any
 NODE_OBJECT_STORE_BYTES = 2 * 1024**3
 
 
+def add_node(cluster: Any, **args: Any) -> Any:
+    """``cluster.add_node(**args)`` with this benchmark's object store size."""
+    return cluster.add_node(object_store_memory=NODE_OBJECT_STORE_BYTES, **args)
+
+
 @dataclass
 class RunResult:
     """One timed run of one system.

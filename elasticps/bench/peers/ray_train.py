@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from elasticps.bench.peers.common import NODE_OBJECT_STORE_BYTES
+from elasticps.bench.peers.common import add_node
 from elasticps.bench.peers.resize import Timeline, read_step_log, wait_for_workers
 from elasticps.bench.peers.workloads import Workload
 
@@ -110,10 +110,7 @@ def resize(
     with tempfile.TemporaryDirectory(prefix="peers-raytrain-") as tmp:
         directory = Path(tmp)
         log = directory / "steps.txt"
-        nodes = [
-            cluster.add_node(num_cpus=PER_NODE, resources={SLOT: PER_NODE}, object_store_memory=NODE_OBJECT_STORE_BYTES)
-            for _ in range(sizes[0] // PER_NODE)
-        ]
+        nodes = [add_node(cluster, num_cpus=PER_NODE, resources={SLOT: PER_NODE}) for _ in range(sizes[0] // PER_NODE)]
         trainer = TorchTrainer(
             _train_loop,
             train_loop_config={
@@ -154,11 +151,7 @@ def resize(
                 changes.append((t_req, workers))
                 say(f"ray_train: {len(nodes)} -> {workers // PER_NODE} nodes")
                 while len(nodes) < workers // PER_NODE:
-                    nodes.append(
-                        cluster.add_node(
-                            num_cpus=PER_NODE, resources={SLOT: PER_NODE}, object_store_memory=NODE_OBJECT_STORE_BYTES
-                        )
-                    )
+                    nodes.append(add_node(cluster, num_cpus=PER_NODE, resources={SLOT: PER_NODE}))
                 while len(nodes) > workers // PER_NODE:
                     cluster.remove_node(nodes.pop())
                 wait_for_workers(log, workers, t_req, lambda: _check(errors), "Ray Train")

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from elasticps.bench.peers import ddp, elasticps_ps, plain_ps, ray_train, torchrun
-from elasticps.bench.peers.common import NODE_OBJECT_STORE_BYTES, RunResult
+from elasticps.bench.peers.common import NODE_OBJECT_STORE_BYTES, RunResult, add_node
 from elasticps.bench.peers.resize import Timeline, summarize
 from elasticps.bench.peers.workloads import NAMES, Workload
 
@@ -185,7 +185,7 @@ def three_node_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None
     """elasticps with its PS on the head node and its workers spread over two other nodes."""
     import ray
 
-    nodes = [cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=NODE_OBJECT_STORE_BYTES) for _ in range(2)]
+    nodes = [add_node(cluster, num_cpus=NODE_CPUS) for _ in range(2)]
     cluster.wait_for_nodes()
     try:
         head = ray.get_runtime_context().get_node_id()
@@ -261,7 +261,7 @@ def limits(config: PeersConfig, cluster: Any) -> dict[str, Any]:
     out["memcpy_MBps"] = runtime_bench.memcpy_mbps(repeats)
     out["pushpull_shm_MBps"] = runtime_bench.pushpull_mbps(repeats, shared=True)
     out["pushpull_object_store_one_node_MBps"] = runtime_bench.pushpull_mbps(repeats, shared=False)
-    node = cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=NODE_OBJECT_STORE_BYTES)
+    node = add_node(cluster, num_cpus=NODE_CPUS)
     cluster.wait_for_nodes()
     try:
         head = ray.get_runtime_context().get_node_id()
