@@ -35,7 +35,7 @@ def test_a_window_counts_traffic_per_node_pair_and_closes_at_the_shape_it_ran():
     for step in range(3):
         stats = [_worker(32, [100, 100], [10, 10]), _worker(32, [100, 100], [10, 10])]
         # shards on nodes a and b, workers on a and c
-        rec.account(step, stats, [_shard(), _shard()], ["a", "b"], ["a", "c"], 0.05, 64, 0, lambda: Shape(2, 2, 64))
+        rec.account(step, stats, [_shard(), _shard()], ["a", "b"], ["a", "c"], 0.05, 64, 0, Shape(2, 2, 64))
     assert rec.windows == []  # the interval has not passed
     rec.flush(Shape(2, 2, 64))
     (win,) = rec.windows
@@ -55,19 +55,19 @@ def test_a_window_counts_traffic_per_node_pair_and_closes_at_the_shape_it_ran():
 
 def test_a_window_closes_by_itself_once_the_interval_passed():
     rec = StepRecorder("job", report_interval_s=0.0, lock=threading.RLock())
-    rec.account(7, [_worker(16, [8], [8])], [_shard()], ["a"], ["a"], 0.01, 16, 0, lambda: Shape(1, 1, 16))
+    rec.account(7, [_worker(16, [8], [8])], [_shard()], ["a"], ["a"], 0.01, 16, 0, Shape(1, 1, 16))
     assert [(w.first_step, w.num_ps, w.num_workers, w.cross) for w in rec.windows] == [(7, 1, 1, 0.0)]
 
 
 def test_the_epochs_noise_scale_comes_from_its_own_gradient_samples():
     rec = StepRecorder("job", report_interval_s=3600.0, lock=threading.RLock())
-    shape = lambda: Shape(1, 2, 64)  # noqa: E731
+    shape = Shape(1, 2, 64)
     for step in range(4):  # the shards measured the global batch's norm: that is the big batch
         stats = [_worker(32, [8], [8], half=16), _worker(32, [8], [8], half=16)]
         rec.account(step, stats, [_shard(sqnorm=2.5)], ["a"], ["a", "a"], 0.01, 64, 64, shape)
     expected = noise_scale([GradientSample(16, 4.0, 64, 2.5)] * 4)
     assert expected is not None
-    rec.flush(shape())
+    rec.flush(shape)
     loss, scale = rec.end_epoch()
     assert loss == pytest.approx(2.0) and scale == pytest.approx(expected)
     assert rec.end_epoch()[1] is None  # the next epoch starts without samples

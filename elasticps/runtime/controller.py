@@ -608,7 +608,7 @@ class JobController:
         ps_nodes = [t.node_id for t in self.ps]
         worker_nodes = [w.node_id for w in workers]
         self._record.account(
-            self.step, stats, infos, ps_nodes, worker_nodes, wall_s, samples, big_batch, self._recorded_shape
+            self.step, stats, infos, ps_nodes, worker_nodes, wall_s, samples, big_batch, self._recorded_shape()
         )
 
     def _recorded_shape(self) -> RecordedShape:

@@ -80,12 +80,12 @@ class StepRecorder:
         wall_s: float,
         samples: int,
         big_batch: int,
-        shape: Callable[[], Shape],
+        shape: Shape,
     ) -> None:
         """One step (sync) or one worker's gradient (async): ``stats`` the workers'
         dicts, ``infos`` the shards' answers; ``big_batch`` the global batch whose
-        gradient norm the shards measured (0: none). A window that has lasted the
-        report interval closes at ``shape()``."""
+        gradient norm the shards measured (0: none); ``shape`` the job's now. A
+        window that has lasted the report interval closes."""
         n = len(stats)
         last_sent = max(s["sent_at"] for s in stats)
         times = StepTimes(
@@ -129,7 +129,7 @@ class StepRecorder:
             win.loss_sum += loss
             win.times.add(times)
             if now - win.start >= self.report_interval_s:
-                self.flush(shape())
+                self.flush(shape)
 
     def flush(self, shape: Shape) -> None:
         """Close the open window (if it has steps) as measured at ``shape``."""
