@@ -153,10 +153,11 @@ def test_placement_errors_are_clear_and_never_hang(ray_local):
         job.rescale(1, 1, {"worker-3": node})
     # Another tenant holds 6.5 of the node's 8 CPUs; the job holds 1 (0.5 per task). Of two more
     # workers (0.5 each) one fits and one does not (Ray picks which): the request fails after 15 s
-    # naming exactly that one.
+    # naming exactly that one. worker-0 is pinned too: an unpinned slot 0 would let the running
+    # worker fill pinned slot 1, and the new task that cannot start could then be worker-0.
     tenant = _Tenant.remote()
     ray.get(tenant.ready.remote())
-    request = job.rescale(1, 3, {"worker-1": node, "worker-2": node})
+    request = job.rescale(1, 3, {"worker-0": node, "worker-1": node, "worker-2": node})
     run_until_applied(job, request)
     with pytest.raises(
         PlacementError,
