@@ -24,6 +24,7 @@ import uvicorn
 
 from elasticps.manager import Store, parse_spec
 from elasticps.manager.api import create_app
+from elasticps.manager.dashboard import cluster
 from elasticps.manager.service import Manager
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -257,8 +258,12 @@ def test_after_a_restart_ended_jobs_keep_their_figures(site):
             short = [td.text for td in table.find("tr", data_job="short")[0].find("td")]
             assert short[1] == "finished" and 0 < float(short[7]) <= 1 and float(short[6]) > 0
             page = browse(f"{url}#token={TOKEN}&job=short", tmp / "p7")
+        seen = cluster(again)  # what the cluster view draws: the last manager's history, from the store
     finally:
         again.shutdown()
+    assert len(seen["samples"]) >= 3 and seen["samples"][-1]["nodes"][0]["ours_cpu"] >= 0
+    moves = [m for r in seen["rounds"] for m in r["moves"]]
+    assert any(m["job"] == "huge" and m["action"] == "unfit" for m in moves)
     charts = {f.attrs["data-chart"]: f for f in page.find("figure")}
     assert int(charts["job:short:rate"].attrs["data-points"]) >= 1
     assert int(charts["job:short:metric"].attrs["data-points"]) >= 1

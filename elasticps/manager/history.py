@@ -2,18 +2,28 @@
 each node's CPUs and GPUs held by our jobs, by other tenants and free, over
 time, and the latest rounds' moves (:mod:`elasticps.manager.reasons`).
 
-Kept in memory, bounded: a restarted manager starts a new history (jobs'
-own curves are in the store and survive it).
+Bounded, held in memory for the page and written to the store as it grows,
+so a restarted manager shows what the one before it saw. The store is
+best effort here: a write that fails (a locked or full disk) is logged and
+the entry kept in memory; the dashboard must never stop a round.
 """
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import threading
 from collections import deque
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from elasticps.manager.reasons import Move
 from elasticps.sched import ClusterView, Resources
+
+if TYPE_CHECKING:
+    from elasticps.manager.store import Store
+
+log = logging.getLogger("elasticps.manager")
 
 #: Samples kept (at one per MIN_GAP_S at most: an hour at 5 s).
 MAX_SAMPLES = 720
@@ -39,24 +49,53 @@ def _node_sample(view_node, ours: Resources) -> dict:
 
 
 class ClusterHistory:
-    def __init__(self, max_samples: int = MAX_SAMPLES, max_rounds: int = MAX_ROUNDS) -> None:
-        self._samples: deque[dict] = deque(maxlen=max_samples)
-        self._rounds: deque[dict] = deque(maxlen=max_rounds)
+    """``store``: where the history is kept across restarts (None: in memory only)."""
+
+    def __init__(
+        self, store: Store | None = None, max_samples: int = MAX_SAMPLES, max_rounds: int = MAX_ROUNDS
+    ) -> None:
+        self._store = store
+        self._keep = {"sample": max_samples, "round": max_rounds}
+        self._samples: deque[dict] = deque(self._load("sample"), maxlen=max_samples)
+        self._rounds: deque[dict] = deque(self._load("round"), maxlen=max_rounds)
         self._lock = threading.Lock()
 
-    def sample(self, now: float, view: ClusterView, ours: Mapping[str, Resources]) -> dict:
-        """Record what each node holds now (unless the last sample is recent and the same); the sample."""
+    def _load(self, kind: str) -> list[dict]:
+        if self._store is None:
+            return []
+        try:
+            return self._store.cluster_entries(kind, self._keep[kind])
+        except sqlite3.Error as exc:
+            log.warning("the cluster view's history could not be read; it starts empty: %s", exc)
+            return []
+
+    def _save(self, kind: str, entry: dict) -> None:
+        if self._store is None:
+            return
+        try:
+            self._store.add_cluster_entry(kind, entry["at"], entry, self._keep[kind])
+        except sqlite3.Error as exc:
+            log.warning("the cluster view's history was not written (kept in memory): %s", exc)
+
+    def sample(self, now: float, view: ClusterView, ours: Mapping[str, Resources], save: bool = True) -> dict:
+        """Record what each node holds now (unless the last sample is recent and the same); the sample.
+        ``save=False``: in memory only (a page's read must not wait on the database)."""
         nodes = [_node_sample(n, ours.get(n.name, Resources())) for n in view.nodes]
         sample = {"at": now, "nodes": nodes}
         with self._lock:
             last = self._samples[-1] if self._samples else None
-            if last is None or now - last["at"] >= MIN_GAP_S or last["nodes"] != nodes:
+            new = last is None or now - last["at"] >= MIN_GAP_S or last["nodes"] != nodes
+            if new:
                 self._samples.append(sample)
+        if new and save:
+            self._save("sample", sample)
         return sample
 
     def round(self, now: float, moves: Mapping[str, Move]) -> None:
+        entry = {"at": now, "moves": [m.as_dict() for m in moves.values()]}
         with self._lock:
-            self._rounds.append({"at": now, "moves": [m.as_dict() for m in moves.values()]})
+            self._rounds.append(entry)
+        self._save("round", entry)
 
     def samples(self) -> list[dict]:
         with self._lock:

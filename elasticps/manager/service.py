@@ -189,7 +189,7 @@ class Manager:
         self._rounds = 0
         # the latest rounds' decisions: (time, {job: (ps, workers)}), for reports and tests
         self.decisions: deque[tuple[float, dict[str, tuple[int, int]]]] = deque(maxlen=1000)
-        self.history = ClusterHistory()  # nodes over time and the latest rounds' moves (the dashboard)
+        self.history = ClusterHistory(store)  # nodes over time and the latest rounds' moves (the dashboard)
         self.predicted: dict[str, float] = {}  # the speed model's samples/s at each running job's shape
         self.metrics = ManagerMetrics(self.metrics_snapshot)
         for name in migrate_job_dirs(self.workdir, [r.name for r in store.list_jobs()]):

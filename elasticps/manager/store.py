@@ -1,6 +1,7 @@
 """The manager's durable state in SQLite (WAL): specs, states, allocations,
-observations, events. A write that returned is on disk (``synchronous=FULL``):
-after a SIGKILL and restart, nothing acknowledged is lost.
+observations, events, and the dashboard's cluster history. A write that
+returned is on disk (``synchronous=FULL``): after a SIGKILL and restart,
+nothing acknowledged is lost.
 
 A job's row holds its spec, its state (changed only through the transition
 table of :mod:`elasticps.manager.states`, compare-and-set, with its event in
@@ -72,6 +73,13 @@ CREATE TABLE IF NOT EXISTS rescales (
     launch_s REAL,
     ok INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS cluster_log (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    at REAL NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS cluster_log_kind ON cluster_log(kind, id);
 CREATE INDEX IF NOT EXISTS allocations_job ON allocations(job, id);
 CREATE INDEX IF NOT EXISTS rescales_job ON rescales(job, id);
 CREATE INDEX IF NOT EXISTS observations_job ON observations(job, id);
@@ -184,6 +192,22 @@ class Store:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    # -- the cluster view's history (the dashboard's; elasticps.manager.history)
+    def add_cluster_entry(self, kind: str, at: float, body: dict, keep: int) -> None:
+        """Append one entry of ``kind`` (a node sample, a round's moves); keep the newest ``keep`` of that kind."""
+        with self._transaction() as db:
+            db.execute("INSERT INTO cluster_log(kind, at, body) VALUES (?, ?, ?)", (kind, at, json.dumps(body)))
+            db.execute(
+                "DELETE FROM cluster_log WHERE kind = ? AND id NOT IN "
+                "(SELECT id FROM cluster_log WHERE kind = ? ORDER BY id DESC LIMIT ?)",
+                (kind, kind, keep),
+            )
+
+    def cluster_entries(self, kind: str, limit: int) -> list[dict]:
+        """The newest ``limit`` entries of ``kind``, oldest first."""
+        sql = "SELECT body FROM cluster_log WHERE kind = ? ORDER BY id DESC LIMIT ?"
+        return [json.loads(r[0]) for r in reversed(self._db.execute(sql, (kind, limit)).fetchall())]
 
     # -- jobs
     def add_job(self, spec: JobSpec, now: float, info: ProgramInfo | None = None) -> JobRecord:
