@@ -17,6 +17,7 @@ from elasticps.loop import api
 from elasticps.loop.worker_session import RELEASE, StepMessage, WorkerSession
 from elasticps.runtime.data import DataPosition, GlobalBatches
 from elasticps.runtime.loop_worker import _install_clip_hook
+from elasticps.runtime.ps import clip_coefficient, norm_part
 
 
 def drive(fn, steps: int = 3) -> list[dict]:
@@ -161,3 +162,16 @@ def test_the_global_clip_coefficient_is_torchs_for_the_whole_gradient():
     assert np.allclose(g * clip_coefficient((6.5, 2.0), norms), t.grad.numpy(), rtol=1e-6)  # 6.5/13 = 0.5
     assert clip_coefficient((20.0, 2.0), norms) == 1.0
     assert clip_coefficient((6.0, float("inf")), norms) == pytest.approx(0.5, rel=1e-6)  # 6/12
+
+
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_the_shards_norm_parts_give_torchs_clipping_of_the_whole_gradient(norm_type):
+    grad = torch.randn(1001, generator=torch.Generator().manual_seed(3)) * 0.1
+    grad[17] = -5.0  # the largest magnitude is negative: the inf-norm must see it
+    parts = [norm_part(grad[lo:hi].numpy(), norm_type) for lo, hi in ((0, 400), (400, 400), (400, 1001))]
+    param = torch.nn.Parameter(torch.zeros(1001))
+    param.grad = grad.clone()
+    torch.nn.utils.clip_grad.clip_grad_norm_([param], 0.5, norm_type)  # clip_grad (the hook may wrap nn.utils')
+    coefficient = clip_coefficient((0.5, norm_type), parts)
+    assert coefficient < 1.0
+    torch.testing.assert_close(grad * coefficient, param.grad, rtol=1e-6, atol=0)

@@ -442,7 +442,7 @@ class JobController:
         grads = [[refs[j + 1] for _, refs in calls] for j in range(len(self.ps))]
         norms = None
         if self._loop:  # shards sum first and share their norms: a loop may clip by the global norm
-            norms = [ps.handle.reduce.remote(self.step, g) for ps, g in zip(self.ps, grads, strict=True)]
+            norms = [ps.handle.reduce.remote(self.step, g, lr) for ps, g in zip(self.ps, grads, strict=True)]
             grads = [[] for _ in self.ps]
         applies = [
             ps.handle.apply.options(num_returns=2).remote(
