@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 
@@ -85,25 +86,51 @@ def unmount(path) -> None:
 
 
 @contextlib.contextmanager
-def serve_api(manager, token: str = "s3cret"):
-    """The manager's REST API over real HTTP on a free loopback port (uvicorn in
-    a thread) for the ``with`` block; yields its URL."""
+def serve_app(app, timeout_s: float = 60.0):
+    """``app`` over real HTTP on loopback (uvicorn in a thread) for the ``with``
+    block; yields its URL. The socket is bound and listening before uvicorn
+    starts, so no other process can take the port in between."""
     import socket
 
     import uvicorn
 
-    from elasticps.manager.api import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(create_app(manager, token=token), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    wait_for(lambda: srv.started, 20, "the API server to start")
     try:
+        wait_for(lambda: srv.started or not thread.is_alive(), timeout_s, "the API server to start")
+        assert srv.started, "the API server stopped before it started"
         yield f"http://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+        sock.close()
+
+
+@contextlib.contextmanager
+def serve_api(manager, token: str = "s3cret"):
+    """The manager's REST API over real HTTP on loopback for the ``with`` block; yields its URL."""
+    from elasticps.manager.api import create_app
+
+    with serve_app(create_app(manager, token=token)) as url:
+        yield url
+
+
+def server_url(log_path, proc: subprocess.Popen, timeout_s: float = 120.0) -> str:
+    """The URL an ``elasticps server`` started with ``--port 0`` printed to
+    ``log_path`` (it prints it once its socket listens: a client may connect at once)."""
+    import re
+
+    found: list[str] = []
+
+    def printed() -> bool:
+        assert proc.poll() is None, Path(log_path).read_text()
+        found[:] = re.findall(r"^elasticps manager on (http://\S+) ", Path(log_path).read_text(), re.M)
+        return bool(found)
+
+    wait_for(printed, timeout_s, f"the server's address in {log_path}")
+    return found[0]

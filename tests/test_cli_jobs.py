@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
-import uvicorn
 
 from elasticps.cli.main import main
 from elasticps.manager import Store, parse_spec
 from elasticps.manager.api import create_app
 from elasticps.manager.fake import FakeCapacity, FakeRuntime
 from elasticps.manager.service import Manager
+from tests.helpers import serve_app
 
 SPEC = "name: {name}\nprogram: elasticps.examples.digits:program\nworkers: {{min: 1, max: 4}}\nps: {{max: 2}}\n"
 TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
@@ -36,17 +33,8 @@ def site(tmp_path_factory):
     manager.cancel("gamma")
     for _ in range(4):
         manager.step()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(create_app(manager, token="s3cret" * 3), port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        time.sleep(0.05)
-    yield manager, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(create_app(manager, token="s3cret" * 3)) as url:
+        yield manager, url
     manager.shutdown()
 
 

@@ -11,21 +11,19 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from elasticps.manager import Store, parse_spec
 from elasticps.manager.api import create_app
 from elasticps.manager.dashboard import cluster
 from elasticps.manager.service import Manager
+from tests.helpers import serve_app
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and not os.environ.get("CI"):
@@ -110,27 +108,10 @@ def parse(html: str) -> Node:
     return tree.root
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def serve(manager: Manager):
-    port = _port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(manager, token=TOKEN), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve_app(create_app(manager, token=TOKEN)) as url:
+        yield f"{url}/"
 
 
 def browse(url: str, profile: Path, shot: str | None = None) -> Node:

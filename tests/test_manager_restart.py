@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import time
 
 import httpx
@@ -13,7 +12,7 @@ import pytest
 
 from elasticps.manager import Store
 from elasticps.runtime import CheckpointStore
-from tests.helpers import spawn_elasticps
+from tests.helpers import server_url, spawn_elasticps
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +24,9 @@ checkpoint_every_steps: 50
 """
 
 
-def _server(workdir, port, log):
-    args = ["server", "--workdir", str(workdir), "--port", str(port), "--num-cpus", "8", "--interval-s", "2"]
+def _server(workdir, log):
+    # port 0: the server takes a free port and prints it once it listens (no port probed here and lost meanwhile)
+    args = ["server", "--workdir", str(workdir), "--port", "0", "--num-cpus", "8", "--interval-s", "2"]
     return spawn_elasticps(args, log)
 
 
@@ -48,11 +48,8 @@ def _auth(workdir):
 
 
 def test_manager_sigkill_and_restart(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    first = _server(tmp_path, port, tmp_path / "first.log")
+    first = _server(tmp_path, tmp_path / "first.log")
+    url = server_url(tmp_path / "first.log", first)
     _wait_up(url, first, tmp_path / "first.log", tmp_path)
     # the secrets are the owner's alone, and the API wants the token
     assert (tmp_path / "token").stat().st_mode & 0o777 == 0o600
@@ -61,7 +58,7 @@ def test_manager_sigkill_and_restart(tmp_path):
     headers = {**_auth(tmp_path), "Content-Type": "application/yaml"}
     assert httpx.post(f"{url}/jobs", content=SPEC, headers=headers, timeout=30).status_code == 201
     # a second manager on the same workdir refuses, naming the first
-    other = _server(tmp_path, port + 1 if port < 65535 else port - 1, tmp_path / "other.log")
+    other = _server(tmp_path, tmp_path / "other.log")
     assert other.wait(timeout=180) == 2
     assert f"pid {first.pid}" in (tmp_path / "other.log").read_text()
     ckpts = CheckpointStore(tmp_path / "jobs.d" / "survivor" / "checkpoints")
@@ -77,8 +74,9 @@ def test_manager_sigkill_and_restart(tmp_path):
     first.wait()
     killed_at = ckpts.latest().step
 
-    second = _server(tmp_path, port, tmp_path / "second.log")
+    second = _server(tmp_path, tmp_path / "second.log")
     try:
+        url = server_url(tmp_path / "second.log", second)
         jobs = _wait_up(url, second, tmp_path / "second.log", tmp_path)
         assert [j["name"] for j in jobs] == ["survivor"]  # acknowledged before the kill: still there
         deadline = time.monotonic() + 240

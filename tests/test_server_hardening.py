@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import stat
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import mount_tiny_tmpfs, spawn_elasticps, unmount
+from tests.helpers import mount_tiny_tmpfs, server_url, spawn_elasticps, unmount
 
 pytestmark = pytest.mark.slow
 
@@ -43,14 +42,11 @@ def server(tmp_path_factory):
     workdir = disk / "state"
     workdir.mkdir(parents=True)
     (workdir / "token").write_text("f" * 64 + "\n")  # from an earlier start (this one is given --token)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     log = root / "server.log"
-    args = ["server", "--workdir", str(workdir), "--port", str(port), "--num-cpus", "4", "--interval-s", "1"]
+    args = ["server", "--workdir", str(workdir), "--port", "0", "--num-cpus", "4", "--interval-s", "1"]
     args += ["--shutdown-timeout-s", "5"]
     proc = spawn_elasticps([*args, "--token", TOKEN], log)
-    url = f"http://127.0.0.1:{port}"
+    url = server_url(log, proc)  # port 0: the port it took, printed once it listens
     deadline = time.monotonic() + 120
     while True:
         assert proc.poll() is None, log.read_text()

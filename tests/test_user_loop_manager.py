@@ -6,12 +6,10 @@ reaches the job's output tagged by worker."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import pytest
-import uvicorn
 
 from elasticps.loop import api
 from elasticps.loop.local import LocalSession
@@ -19,6 +17,7 @@ from elasticps.manager import Store
 from elasticps.manager.api import create_app
 from elasticps.manager.client import Client
 from elasticps.manager.service import Manager
+from tests.helpers import serve_app
 
 TOKEN = "t" * 40
 ARGS = {"epochs": 3, "batch_size": 16, "optimizer": "sgd", "lr": 0.05, "log_interval": 0}
@@ -35,28 +34,14 @@ def served(ray_local, tmp_path_factory):
     """A manager on the module's Ray cluster, its control loop and its API served on loopback."""
     tmp = tmp_path_factory.mktemp("manager")
     manager = Manager(Store(tmp / "m.db"), tmp / "work", report_interval_s=0.5)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(manager, TOKEN), host="127.0.0.1", port=port, log_level="warning")
-    )
     stop = threading.Event()
-    threads = [
-        threading.Thread(target=server.run, daemon=True),
-        threading.Thread(target=manager.run, args=(1.0, stop), daemon=True),
-    ]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield Client(f"http://127.0.0.1:{port}", TOKEN, timeout_s=60), manager
+    loop = threading.Thread(target=manager.run, args=(1.0, stop), daemon=True)
+    loop.start()
+    with serve_app(create_app(manager, TOKEN)) as url:
+        yield Client(url, TOKEN, timeout_s=60), manager
     stop.set()
     manager.wake.set()
-    server.should_exit = True
-    for t in threads:
-        t.join(timeout=60)
+    loop.join(timeout=60)
     manager.shutdown()
 
 

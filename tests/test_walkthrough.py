@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -84,14 +83,11 @@ def test_the_pages_parser_sees_every_command():
 
 @pytest.mark.slow
 def test_the_walkthrough_runs_as_written(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = "8470"  # until the server printed the port it took
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "PYTHONPATH": str(ROOT),
-        "ELASTICPS_URL": f"http://127.0.0.1:{port}",
         "RAY_AUTH_MODE": "disabled",
     }
     for key in ("ELASTICPS_TOKEN", "ELASTICPS_WORKDIR"):
@@ -99,17 +95,21 @@ def test_the_walkthrough_runs_as_written(tmp_path):
     server: subprocess.Popen[str] | None = None
     try:
         for step in steps(PAGE.read_text()):
-            expected = [line.replace("8470", str(port)) for line in step.expected]
-            step = Step(step.command, expected)
             if step.command.endswith("&"):  # the manager, in the background: its first lines
-                command = step.command[:-1].replace("elasticps server", f"elasticps server --port {port}", 1)
+                # --port 0: it takes a free port and prints it once it listens (no port probed here and lost)
+                command = step.command[:-1].replace("elasticps server", "elasticps server --port 0", 1)
                 server = subprocess.Popen(
                     command, shell=True, cwd=tmp_path, env=env, text=True,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 )  # fmt: skip
                 printed = [server.stdout.readline() for _ in step.expected]
-                check(step, printed)
+                found = re.match(r"elasticps manager on http://127\.0\.0\.1:(\d+) ", printed[0])
+                assert found, printed
+                port = found.group(1)
+                env["ELASTICPS_URL"] = f"http://127.0.0.1:{port}"
+                check(Step(step.command, [line.replace("8470", port) for line in step.expected]), printed)
                 continue
+            step = Step(step.command, [line.replace("8470", port) for line in step.expected])
             if step.command == "kill %1":
                 assert server is not None
                 os.killpg(server.pid, signal.SIGTERM)

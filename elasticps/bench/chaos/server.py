@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,28 +34,27 @@ class ManagerProcess:
         self.workdir = workdir
         self.address = address
         self.interval_s = interval_s
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = ""  # the server takes a free port each start (--port 0) and prints it once it listens
         self.proc: subprocess.Popen | None = None
         self.pids: list[int] = []
         self.slow_reads = 0
 
     def start(self, timeout_s: float = 180.0) -> None:
-        cmd = [sys.executable, "-m", "elasticps", "server", "--workdir", str(self.workdir), "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "elasticps", "server", "--workdir", str(self.workdir), "--port", "0"]
         cmd += ["--ray-address", self.address, "--interval-s", str(self.interval_s), "--rescale-cost-s", "1"]
         cmd += ["--shutdown-timeout-s", "10"]
         self.workdir.mkdir(parents=True, exist_ok=True)
         log = (self.workdir.parent / f"server-{len(self.pids) + 1}.log").open("w")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.pids.append(self.proc.pid)
+        self.url = ""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the manager exited; see {log.name}")
+            self.url = self.url or _printed_url(Path(log.name))
             with contextlib.suppress(httpx.HTTPError, OSError):
-                if self.request("GET", "/jobs", timeout=2).status_code == 200:
+                if self.url and self.request("GET", "/jobs", timeout=2).status_code == 200:
                     return
             time.sleep(0.3)
         raise TimeoutError(f"the manager did not come up in {timeout_s:g} s; see {log.name}")
@@ -97,3 +96,9 @@ class ManagerProcess:
                 r.raise_for_status()
                 return {j["name"]: j for j in r.json()}
             time.sleep(float(r.headers.get("Retry-After", "1")))
+
+
+def _printed_url(log: Path) -> str:
+    """The address ``elasticps server`` printed to ``log`` once it listened ('' before)."""
+    found = re.search(r"^elasticps manager on (http://\S+) ", log.read_text(), re.M)
+    return found.group(1) if found else ""
