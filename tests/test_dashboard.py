@@ -143,7 +143,7 @@ def site(ray_local, tmp_path_factory):
     manager.step()
     deadline = time.monotonic() + 240  # a busy machine starts three jobs' processes slowly
     while time.monotonic() < deadline:
-        time.sleep(1.0)
+        time.sleep(0.5)
         manager.step()
         states = {r.name: r.state for r in manager.store.list_jobs()}
         long = manager.report("long")

@@ -207,7 +207,7 @@ class Chaos:
             jobs = self.server.jobs()
             if all(j["state"] in ENDED for j in jobs.values()) or time.monotonic() > deadline:
                 return jobs
-            time.sleep(2.0)
+            time.sleep(0.5)
 
     def settle(self) -> None:
         """Wait until every active job has trained ``settle_steps`` steps since the last fault
