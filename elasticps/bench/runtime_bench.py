@@ -5,9 +5,10 @@ Workloads (a user's, not picked to flatter a ratio):
   sized), Adam, global batch 256, one torch thread per worker, against the same
   model, batch, data and thread count trained in one plain PyTorch process;
 - push+pull: 40 MB each way through the data path of a step on one node,
-  every byte read by the receiver, against one 40 MB ``memcpy``: through shared
-  memory (the runtime's same-node path) and through Ray's object store (the
-  path between nodes, measured here on one node);
+  every byte read by the receiver, with the two Ray calls per step the
+  controller makes, against one 40 MB ``memcpy``: through shared memory (the
+  runtime's same-node path) and through Ray's object store (the path between
+  nodes, measured here on one node);
 - rescale pauses: the same 10M model with Adam (parameters plus two moment
   vectors move when PS shards change);
 - the user-loop path: the same model, data, batch and optimizer written as a
@@ -68,20 +69,18 @@ def _payload(kind: str, seed: int, shared: bool) -> tuple[np.ndarray, OwnedVecto
 
 @ray.remote(num_cpus=0.5)
 class _WorkerSide:
-    """The worker's end of a step's exchange, as the runtime does it."""
+    """The worker's end of a step's exchange, as :class:`~elasticps.runtime.worker.Worker`'s
+    ``step`` makes it: one call pulls the last parameters and pushes the gradient."""
 
     def __init__(self, shared: bool) -> None:
         self.grad, self.shm = _payload("grad", 1, shared)
         self.params = np.empty_like(self.grad)
         self.attached = Attachments()
 
-    def push(self) -> np.ndarray | ShmRef:
-        return self.grad if self.shm is None else self.shm.ref()
-
-    def pull(self, refs: list) -> int:
+    def step(self, refs: list) -> np.ndarray | ShmRef:
         [part] = ray.get(refs)
         np.copyto(self.params, self.attached.resolve(part))  # read every byte
-        return int(self.params.nbytes)
+        return self.grad if self.shm is None else self.shm.ref()
 
     def close(self) -> None:
         if self.shm is not None:
@@ -90,15 +89,20 @@ class _WorkerSide:
 
 @ray.remote(num_cpus=0.5)
 class _PSSide:
+    """A PS shard's end: its update call reads the gradient and returns the parameters."""
+
     def __init__(self, shared: bool) -> None:
         self.params, self.shm = _payload("param", 2, shared)
         self.grad = np.empty_like(self.params)
         self.attached = Attachments()
 
+    def current(self) -> np.ndarray | ShmRef:
+        return self.params if self.shm is None else self.shm.ref()
+
     def take(self, refs: list) -> np.ndarray | ShmRef:
         [grad] = ray.get(refs)
         np.copyto(self.grad, self.attached.resolve(grad))  # read every byte
-        return self.params if self.shm is None else self.shm.ref()
+        return self.current()
 
     def close(self) -> None:
         if self.shm is not None:
@@ -106,10 +110,14 @@ class _PSSide:
 
 
 def pushpull_mbps(repeats: int, shared: bool, nodes: tuple[str, str] | None = None) -> float:
-    """Bytes moved per second by one push (worker -> PS) and one pull (PS -> worker)
-    on one node: in place through shared memory (``shared``, the runtime's
-    same-node path) or copied through Ray's object store (its cross-node path).
-    ``nodes``: the Ray node ids of the worker's and the PS's end (default: wherever Ray puts them)."""
+    """Bytes moved per second by one pull (PS -> worker) and one push (worker -> PS),
+    driven as the controller drives a sync step: the worker's call reads the
+    parameters of the last update and returns its gradient; the PS's call,
+    submitted with it, reads that gradient and returns the new parameters; then
+    both results are awaited. In place through shared memory (``shared``, the
+    runtime's same-node path) or copied through Ray's object store (its
+    cross-node path). ``nodes``: the Ray node ids of the worker's and the PS's
+    end (default: wherever Ray puts them)."""
     if nodes is None:
         worker, ps = _WorkerSide.remote(shared), _PSSide.remote(shared)
     else:
@@ -119,13 +127,14 @@ def pushpull_mbps(repeats: int, shared: bool, nodes: tuple[str, str] | None = No
             side.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(shared)
             for side, node in zip((_WorkerSide, _PSSide), nodes, strict=True)
         )
+    params = [ps.current.remote()]
 
-    def round_trip() -> None:
-        grad_ref = worker.push.remote()
-        param_ref = ps.take.remote([grad_ref])
-        ray.get(worker.pull.remote([param_ref]))
+    def step() -> None:
+        grad = worker.step.remote(params)
+        params[0] = ps.take.remote([grad])
+        ray.get([grad, params[0]])
 
-    seconds = _median_time(round_trip, repeats)
+    seconds = _median_time(step, repeats)
     ray.get([worker.close.remote(), ps.close.remote()])
     for a in (worker, ps):
         ray.kill(a)
