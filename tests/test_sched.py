@@ -488,3 +488,20 @@ def test_policy_properties(name, scenario):
             assert not job.resources(job.min_ps, job.min_workers).fits_in(left)
     again, _ = make_policy(name).decide(jobs, cluster, PolicyState())  # same input, same decision
     assert again == decision
+
+
+def test_a_running_job_does_not_move_for_a_gain_inside_the_noise_of_its_speeds():
+    def slope(p: int, w: int) -> float:
+        return 100.0 * (1.0 + 0.05 * (w - 2)) if p == 1 else 0.0  # each worker 5% more
+
+    def job(sd: float) -> JobView:
+        return make_job(
+            "a", speed=slope, max_ps=1, max_workers=3, current=(1, 2), remaining_samples=1e9, speed_sd=lambda p, w: sd
+        )
+
+    idle = make_cluster(n=1, cpu=16)
+    # known to 2% each: 5% is a gain, worth the move
+    assert make_policy("elastic").decide([job(0.02)], idle)[0]["a"] == (1, 3)
+    # one pass each of a 14%-noisy measurement: 5% is inside the noise, the job stays
+    assert make_policy("elastic").decide([job(0.14)], idle)[0]["a"] == (1, 2)
+    assert make_policy("elastic", move_z=0.0).decide([job(0.14)], idle)[0]["a"] == (1, 3)

@@ -110,3 +110,17 @@ def test_a_fleet_prior_counts_every_report_and_judges_by_its_form():
     assert prior.form(2, 5) == pytest.approx(_speed(2, 5), rel=0.01)  # the form, fitted on them all
     plan = plan_view(SpeedModel(64).fit([Observation(2, 4, _speed(2, 4))]), LIMITS, (2, 4), prior=prior)
     assert plan.speed(2, 5) == pytest.approx(_speed(2, 5), rel=0.01)
+
+
+def test_a_far_unmeasured_shape_counts_no_faster_than_the_fastest_measured():
+    # a kind measured only on small shapes: its form, extrapolated, calls 4 x 8 far faster
+    prior = fleet_prior(64, [Observation(p, w, _speed(p, w)) for p in (1, 2) for w in (1, 2, 3) for _ in range(5)])
+    assert prior.identified and prior.form(4, 8) > 1.3 * max(_speed(p, w) for p in (1, 2) for w in (1, 2, 3))
+    plan = plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=prior)
+    fastest = max(plan.speed(p, w) for p in (1, 2) for w in (1, 2, 3))
+    assert plan.speed(4, 8) == pytest.approx(fastest)  # capped
+    assert plan.speed(3, 4) > fastest  # near a measured shape: the form's word stands
+    # a job's own model, the same way
+    own = _model((1, 1), (1, 2), (2, 1), (2, 2))
+    plan = plan_view(own, LIMITS, (2, 2))
+    assert plan.speed(4, 8) <= own.best_seen < own.predict(4, 8)

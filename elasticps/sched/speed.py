@@ -109,12 +109,13 @@ class SpeedModel:
         self._seen: dict[tuple[int, int, int], float] = {}  # mean samples/s of each (p, w, nodes) observed
         self._seen_n: dict[tuple[int, int, int], int] = {}  # how many observations each mean is of
         self._probes: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
+        self._best_form: float | None = None
 
     def with_span(self, span: SpanFn | None) -> SpeedModel:
         """The same fit, predicting for tasks that span ``span(p, w)`` nodes (a
         fleet prior judged for one job, whose tasks may be sized differently)."""
         other = copy.copy(self)
-        other.span, other._probes = span, {}
+        other.span, other._probes, other._best_form = span, {}, None
         return other
 
     def _nodes(self, p: int, w: int) -> int:
@@ -162,7 +163,7 @@ class SpeedModel:
 
     def fit(self, observations: list[Observation]) -> SpeedModel:
         obs = [o for o in observations if o.samples_per_s > 0 and o.num_workers > 0]
-        self._probes = {}
+        self._probes, self._best_form = {}, None
         if not obs:
             self.theta, self.cov, self.shapes, self.best_seen, self._seen = None, None, set(), 0.0, {}
             self._seen_n = {}
@@ -301,6 +302,13 @@ class SpeedModel:
         bar = self.best_seen * (1.0 + MIN_GAIN)
         self._probes[key] = [cands[i] for i in order if optimistic[i] > bar]
         return self._probes[key][:count]
+
+    def best_form_measured(self) -> float:
+        """The fastest :meth:`form` among the shapes measured (what a shape far
+        from them may count at most, :mod:`elasticps.sched.reach`)."""
+        if self._best_form is None:
+            self._best_form = max((self.form(p, w) for p, w in self.shapes), default=0.0)
+        return self._best_form
 
     @property
     def identified(self) -> bool:

@@ -15,6 +15,10 @@ speed: one rule for the live manager and the simulator.
 - Some shapes seen, no confident model: up to the current shape or the probes
   (best first; the policy takes the first that fits in the room left).
 
+Wherever a model judges, a shape far from every one measured (by the job,
+or under a fleet prior by its kind too) counts no faster than the fastest
+measured (:mod:`.reach`): it is reached by probes, not chosen on the form's word.
+
 At another global batch (adaptive jobs), the speed is scaled by the job's own
 fitted form, else the prior's (:meth:`SpeedModel.batch_ratio`).
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from elasticps.sched.reach import capped, near
 from elasticps.sched.speed import MAX_RELATIVE_STD, SpeedModel
 from elasticps.sched.types import BatchSpeedFn, SpeedFn
 
@@ -83,8 +88,13 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
         """Of the job's own mean at (p, w), and of the prior's scaled prediction there."""
         return model.observed_count(p, w) / model.noise**2, 1.0 / prior.spread(p, w) ** 2
 
+    # a shape far from all the job and its kind measured counts no faster than the fastest measured
+    reach, cap = near(frozenset(model.shapes | prior.shapes)), max(scale * prior.best_form_measured(), model.best_seen)
+
     def speed(p: int, w: int) -> float:
         guess = scale * prior.form(p, w)
+        if (p, w) not in reach:
+            guess = min(guess, cap)
         seen = model.observed(p, w)
         if seen is None or guess <= 0:
             return guess if seen is None else seen
@@ -128,8 +138,9 @@ def _plan(
     start: tuple[int, int] | None,
     prior: SpeedModel | None,
 ) -> ViewPlan:
+    own = capped(model.predict, near(frozenset(model.shapes)), model.best_seen)  # no far corner on the form's word
     if model.confident(*limits.astuple()):
-        return ViewPlan(model.predict, limits, sd=model.estimate_sd)
+        return ViewPlan(own, limits, sd=model.estimate_sd)
     if prior is not None and prior.identified:
         speed, sd = _own_else(model, prior)
         return ViewPlan(speed, limits, sd=sd)
@@ -138,7 +149,7 @@ def _plan(
         return ViewPlan(model.predict, ShapeLimits(p, p, w, w))
     probes = tuple(model.probes(*limits.astuple(), count=PROBES)) if current is not None else ()
     if not probes:
-        return ViewPlan(model.predict, limits, sd=model.estimate_sd)
+        return ViewPlan(own, limits, sd=model.estimate_sd)
     assert current is not None
     grown = ShapeLimits(
         limits.min_ps,
@@ -146,4 +157,4 @@ def _plan(
         limits.min_workers,
         max(current[1], *(s[1] for s in probes)),
     )
-    return ViewPlan(model.predict, grown, probes, sd=model.estimate_sd)
+    return ViewPlan(own, grown, probes, sd=model.estimate_sd)

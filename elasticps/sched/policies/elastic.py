@@ -32,7 +32,12 @@ costs, and slow to shrink.
    the move costs it: ``rescale_cost_s`` of standing still, or, where the
    job's rescales were measured (``JobView.rescale_pause_s``), its pause plus
    what training at the old speed while the new tasks start loses against
-   the new one (``rescale_launch_s`` x (1 - old speed / new speed)).
+   the new one (``rescale_launch_s`` x (1 - old speed / new speed)). Nor
+   for a gain smaller than ``move_z`` (1.0) standard errors of the two
+   speeds it compares (``JobView.speed_sd``): with 14% pass-to-pass noise on
+   a flat measured surface, moving for a gain seen in one pass chased the
+   noise (``--truth grid``: 88-359 rescales a seed where the oracle made
+   5-25; docs/simulator.md).
 3. **Hysteresis.** A running job shrinks only after ``shrink_rounds``
    consecutive rounds wishing it, unless the room is needed to admit a waiting
    job. Jobs held at their current shape keep it; the others share the rest.
@@ -70,6 +75,7 @@ class ElasticPolicy:
         ageing_s: float = 3600.0,
         jumps: tuple[int, ...] = (1, 2, 4),
         spare_z: float = 0.25,
+        move_z: float = 1.0,
     ) -> None:
         self.objective = Objective.parse(objective)
         self.min_gain = min_gain
@@ -83,6 +89,7 @@ class ElasticPolicy:
         self.ageing_s = ageing_s
         self.jumps = jumps
         self.spare_z = spare_z
+        self.move_z = move_z
 
     def _score(self, total: Resources, min_gain: float | None = None, memo: dict | None = None, z: float = 0.0):
         """The score of a job's next tasks, None below ``min_gain`` (the policy's by
@@ -244,6 +251,13 @@ class ElasticPolicy:
         if u_cur <= 0:
             return True
         u_tgt = max(u_tgt, 1e-12)
+        if (
+            self.move_z
+            and job.speed_sd is not None
+            and u_tgt > u_cur
+            and math.log(u_tgt / u_cur) < math.log1p(self.move_z * math.hypot(job.speed_sd(*cur), job.speed_sd(*tgt)))
+        ):
+            return False  # a gain inside the noise of the two speeds: the move would chase it
         saved = job.remaining_samples / u_cur - job.remaining_samples / u_tgt
         return saved > self.cost_factor * self._move_cost_s(job, u_cur, u_tgt)
 
