@@ -127,8 +127,11 @@ def _clipped(max_norm: float | None = 0.05):
     return model
 
 
-def test_global_norm_clipping_in_the_loop_clips_the_global_gradient_exactly(ray_local):
-    job = make_job(2, 2, _clipped)  # two shards each hold part of the norm; two workers part of the gradient
+# two shards each hold part of the norm (they share it before applying); one holds all of it;
+# two workers each hold part of the gradient
+@pytest.mark.parametrize("num_ps", [2, 1])
+def test_global_norm_clipping_in_the_loop_clips_the_global_gradient_exactly(ray_local, num_ps):
+    job = make_job(num_ps, 2, _clipped)
     report = job.run()
     assert report.state == "finished" and report.step == 22
     with api.active(LocalSession()):

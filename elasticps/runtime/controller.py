@@ -441,7 +441,7 @@ class JobController:
             lr = calls[0][1][0]
         grads = [[refs[j + 1] for _, refs in calls] for j in range(len(self.ps))]
         norms = None
-        if self._loop:  # shards sum first and share their norms: a loop may clip by the global norm
+        if self._loop and len(self.ps) > 1:  # shards sum first and share their norms: a loop may clip globally
             norms = [ps.handle.reduce.remote(self.step, g, lr) for ps, g in zip(self.ps, grads, strict=True)]
             grads = [[] for _ in self.ps]
         applies = [

@@ -157,7 +157,9 @@ class PSShard:
         hyperparameters of each param group of the user's optimizer at this
         step (an LR scheduler's lr among them) and ``clip`` its global-norm
         clipping. ``norms``: every shard's :meth:`reduce` of this step (then
-        ``grads`` is empty: the sum was kept by :meth:`reduce`).
+        ``grads`` is empty: the sum was kept by :meth:`reduce`); without them a
+        loop's clipping is by this shard's own norm, the whole gradient's when
+        it is the job's only shard (the controller then skips the reduce call).
         """
         if norms is not None:
             norms = ray.get(list(norms))  # refs to every shard's reduce of this step
@@ -167,7 +169,8 @@ class PSShard:
             total, received_at = self._sum(grads)
         t1 = time.perf_counter()
         clip = lr.get("clip") if isinstance(lr, dict) else None
-        if clip is not None and norms is not None:  # into the reused buffer: no fresh 40 MB each step
+        if clip is not None:  # into the reused buffer: no fresh 40 MB each step
+            norms = norms if norms is not None else [norm_part(total, clip[1])]
             total = np.multiply(total, np.float32(clip_coefficient(clip, norms)), out=self._sum_buffer(total))
         with self.cpu_limit.held():
             with warnings.catch_warnings():
