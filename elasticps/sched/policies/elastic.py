@@ -33,11 +33,11 @@ costs, and slow to shrink.
    job's rescales were measured (``JobView.rescale_pause_s``), its pause plus
    what training at the old speed while the new tasks start loses against
    the new one (``rescale_launch_s`` x (1 - old speed / new speed)). Nor
-   for a gain smaller than ``move_z`` (1.0) standard errors of the two
+   for a gain smaller than ``move_z`` (0.5) standard errors of the two
    speeds it compares (``JobView.speed_sd``): with 14% pass-to-pass noise on
    a flat measured surface, moving for a gain seen in one pass chased the
    noise (``--truth grid``: 88-359 rescales a seed where the oracle made
-   5-25; docs/simulator.md).
+   5-25; 0.5 against 1 and 2 in docs/simulator.md).
 3. **Hysteresis.** A running job shrinks only after ``shrink_rounds``
    consecutive rounds wishing it, unless the room is needed to admit a waiting
    job. Jobs held at their current shape keep it; the others share the rest.
@@ -75,7 +75,7 @@ class ElasticPolicy:
         ageing_s: float = 3600.0,
         jumps: tuple[int, ...] = (1, 2, 4),
         spare_z: float = 0.25,
-        move_z: float = 1.0,
+        move_z: float = 0.5,
     ) -> None:
         self.objective = Objective.parse(objective)
         self.min_gain = min_gain
