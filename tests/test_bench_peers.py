@@ -59,15 +59,7 @@ def test_the_embedding_workload_is_a_large_table_and_a_small_mlp():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """One Ray cluster for the module's runs (each start costs seconds); the runs add and remove their nodes."""
-    cluster = peers.start_cluster()
-    yield cluster
-    peers.stop_cluster(cluster)
-
-
-@pytest.fixture(scope="module")
-def quick_run(cluster):
+def quick_run():
     # 2 s at each size: the tiny workload trains hundreds of steps in that time, enough to tell the rates apart
     config = peers.PeersConfig(
         workloads=("embedding",),
@@ -82,7 +74,7 @@ def quick_run(cluster):
         limit_repeats=0,
         small=True,
     )
-    return peers.run(config, cluster=cluster)
+    return peers.run(config)
 
 
 def test_every_system_trains_the_same_job_and_the_json_has_the_published_layout(quick_run, tmp_path):
@@ -110,19 +102,19 @@ def test_every_system_trains_the_same_job_and_the_json_has_the_published_layout(
 
 
 @pytest.mark.slow
-def test_ray_train_grows_its_worker_group_when_a_node_joins(cluster):
+def test_ray_train_grows_its_worker_group_when_a_node_joins():
     # the grow only: Ray Train's shrink waits out a 60 s worker-group start timeout (see ray_train.py)
     config = peers.PeersConfig(
         workloads=(),
         three_nodes=False,
         resize_systems=("ray_train",),
         resize_sizes=(2, 4),
-        resize_hold_s=2.0,
+        resize_hold_s=3.0,
         resize_repeats=1,
         limit_repeats=0,
         small=True,
     )
-    out = peers.run(config, cluster=cluster)
+    out = peers.run(config)
     cost = out["resize"]["ray_train"]
     assert cost["trained"]
     assert [c["to_workers"] for c in cost["repeats"][0]["changes"]] == [4]
