@@ -505,3 +505,5 @@ def test_a_running_job_does_not_move_for_a_gain_inside_the_noise_of_its_speeds()
     # one pass each of a 14%-noisy measurement: 5% is inside the noise, the job stays
     assert make_policy("elastic").decide([job(0.14)], idle)[0]["a"] == (1, 2)
     assert make_policy("elastic", move_z=0.0).decide([job(0.14)], idle)[0]["a"] == (1, 3)
+    # a speed whose spread is unknown (not finite) does not block the move: no noise to measure it against
+    assert make_policy("elastic").decide([job(math.inf)], idle)[0]["a"] == (1, 3)

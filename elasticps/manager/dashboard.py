@@ -89,7 +89,7 @@ def _nodes_now(manager: Manager, now: float) -> list[dict]:
     except Exception as exc:  # no cluster to read (not connected yet, or gone)
         log.debug("no capacity to show: %s", exc)
         view = ClusterView(())
-    nodes = manager.history.sample(now, view, ours, save=False)["nodes"]
+    nodes = manager.history.sample(now, view, ours, record=False)["nodes"]
     for n in nodes:  # the names the demo's timeline reads
         n["jobs_cpu"] = n["ours_cpu"]
     return nodes

@@ -31,6 +31,8 @@ MAX_SAMPLES = 720
 MAX_ROUNDS = 200
 #: A sample this soon after the previous one is dropped unless the cluster changed.
 MIN_GAP_S = 5.0
+#: After a write the store refused, the history is kept in memory only this long.
+RETRY_S = 30.0
 
 
 def _node_sample(view_node, ours: Resources) -> dict:
@@ -59,6 +61,7 @@ class ClusterHistory:
         self._samples: deque[dict] = deque(self._load("sample"), maxlen=max_samples)
         self._rounds: deque[dict] = deque(self._load("round"), maxlen=max_rounds)
         self._lock = threading.Lock()
+        self._retry_at = float("-inf")  # no write before then (the last one failed)
 
     def _load(self, kind: str) -> list[dict]:
         if self._store is None:
@@ -70,24 +73,30 @@ class ClusterHistory:
             return []
 
     def _save(self, kind: str, entry: dict) -> None:
-        if self._store is None:
+        """Write ``entry``; after a failed write, none for :data:`RETRY_S` (each would wait
+        out the database's busy timeout inside a round)."""
+        if self._store is None or entry["at"] < self._retry_at:
             return
         try:
             self._store.add_cluster_entry(kind, entry["at"], entry, self._keep[kind])
-        except sqlite3.Error as exc:
-            log.warning("the cluster view's history was not written (kept in memory): %s", exc)
+        except (sqlite3.Error, TypeError, ValueError) as exc:
+            self._retry_at = entry["at"] + RETRY_S
+            log.warning("the cluster view's history is not written for %.0f s (kept in memory): %s", RETRY_S, exc)
 
-    def sample(self, now: float, view: ClusterView, ours: Mapping[str, Resources], save: bool = True) -> dict:
-        """Record what each node holds now (unless the last sample is recent and the same); the sample.
-        ``save=False``: in memory only (a page's read must not wait on the database)."""
+    def sample(self, now: float, view: ClusterView, ours: Mapping[str, Resources], record: bool = True) -> dict:
+        """What each node holds now; recorded (unless the last sample is recent and the same) and
+        written to the store. ``record=False``: returned only (a page's read: it must not wait on the
+        database, nor make the next round's sample look like a repeat of one never written)."""
         nodes = [_node_sample(n, ours.get(n.name, Resources())) for n in view.nodes]
         sample = {"at": now, "nodes": nodes}
+        if not record:
+            return sample
         with self._lock:
             last = self._samples[-1] if self._samples else None
             new = last is None or now - last["at"] >= MIN_GAP_S or last["nodes"] != nodes
             if new:
                 self._samples.append(sample)
-        if new and save:
+        if new:
             self._save("sample", sample)
         return sample
 

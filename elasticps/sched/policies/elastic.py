@@ -251,13 +251,10 @@ class ElasticPolicy:
         if u_cur <= 0:
             return True
         u_tgt = max(u_tgt, 1e-12)
-        if (
-            self.move_z
-            and job.speed_sd is not None
-            and u_tgt > u_cur
-            and math.log(u_tgt / u_cur) < math.log1p(self.move_z * math.hypot(job.speed_sd(*cur), job.speed_sd(*tgt)))
-        ):
-            return False  # a gain inside the noise of the two speeds: the move would chase it
+        if self.move_z and job.speed_sd is not None and u_tgt > u_cur:
+            noise = math.hypot(job.speed_sd(*cur), job.speed_sd(*tgt))
+            if math.isfinite(noise) and math.log(u_tgt / u_cur) < math.log1p(self.move_z * noise):
+                return False  # a gain inside the noise of the two speeds: the move would chase it
         saved = job.remaining_samples / u_cur - job.remaining_samples / u_tgt
         return saved > self.cost_factor * self._move_cost_s(job, u_cur, u_tgt)
 
