@@ -123,14 +123,14 @@ def serve_api(manager, token: str = "s3cret"):
 def server_url(log_path, proc: subprocess.Popen, timeout_s: float = 120.0) -> str:
     """The URL an ``elasticps server`` started with ``--port 0`` printed to
     ``log_path`` (it prints it once its socket listens: a client may connect at once)."""
-    import re
+    from elasticps.cli.server import listening_at
 
     found: list[str] = []
 
     def printed() -> bool:
         assert proc.poll() is None, Path(log_path).read_text()
-        found[:] = re.findall(r"^elasticps manager on (http://\S+) ", Path(log_path).read_text(), re.M)
-        return bool(found)
+        found[:] = [listening_at(Path(log_path).read_text())]
+        return bool(found[0])
 
     wait_for(printed, timeout_s, f"the server's address in {log_path}")
     return found[0]

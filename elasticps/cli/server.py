@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 from pathlib import Path
@@ -21,6 +22,13 @@ def _ship_roots(text: str | None) -> tuple[str, ...] | None:
     if bad or not roots:
         raise SystemExit(f"error: --ship-roots takes existing absolute directories, got {text!r}")
     return roots
+
+
+def listening_at(output: str) -> str:
+    """The URL that ``elasticps server`` printed in ``output`` once its socket
+    listened ('' before): for a caller that starts it with ``--port 0``."""
+    found = re.search(r"^elasticps manager on (http://\S+) ", output, re.M)
+    return found.group(1) if found else ""
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -109,6 +117,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     loop = threading.Thread(target=manager.run, args=(args.interval_s, stop), name="elasticps-loop", daemon=True)
     loop.start()
     # The socket listens already, so a client started once these lines are out is queued, not refused.
+    # (listening_at reads the first line back.)
     print(f"elasticps manager on http://{args.host}:{port} (state in {workdir})", flush=True)
     print(f"dashboard: http://{args.host}:{port}/#token={token}", flush=True)
     try:

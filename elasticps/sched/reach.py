@@ -6,9 +6,11 @@ never-measured corner ran at a fraction of what the form said (issue 32: one
 predicted 2.7x what it measured; in the simulator under ``--truth grid``, jobs
 started at 1 PS x 15 workers, 0.19 of their best, on the form's word). So a
 shape counts as known only within :data:`REACH` of one measured (at least one
-task either way): probes are taken there (:meth:`SpeedModel.probes`), and a
-shape beyond counts no faster than the fastest measured (:func:`capped`), so
-a job walks out to it a probe at a time and is never sent there in one jump.
+task either way), and a shape beyond counts no faster than the fastest
+measured (:func:`capped`): a job is not sent there on the form's word. It can
+still get there by a probe (:meth:`SpeedModel.probes` ranks every shape not
+measured: keeping probes within reach lost more on the measured grid, see
+docs/simulator.md).
 """
 
 from __future__ import annotations

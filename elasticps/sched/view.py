@@ -89,12 +89,14 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
         return model.observed_count(p, w) / model.noise**2, 1.0 / prior.spread(p, w) ** 2
 
     # a shape far from all the job and its kind measured counts no faster than the fastest measured
-    reach, cap = near(frozenset(model.shapes | prior.shapes)), max(scale * prior.best_form_measured(), model.best_seen)
+    prior_guess = capped(
+        lambda p, w: scale * prior.form(p, w),
+        near(frozenset(model.shapes | prior.shapes)),
+        max(scale * prior.best_form_measured(), model.best_seen),
+    )
 
     def speed(p: int, w: int) -> float:
-        guess = scale * prior.form(p, w)
-        if (p, w) not in reach:
-            guess = min(guess, cap)
+        guess = prior_guess(p, w)
         seen = model.observed(p, w)
         if seen is None or guess <= 0:
             return guess if seen is None else seen

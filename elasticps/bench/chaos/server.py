@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from elasticps.cli.server import listening_at
 from elasticps.manager.workdir import ray_token_auth
 
 ENDED = ("finished", "failed", "cancelled")
@@ -52,7 +52,7 @@ class ManagerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the manager exited; see {log.name}")
-            self.url = self.url or _printed_url(Path(log.name))
+            self.url = self.url or listening_at(Path(log.name).read_text())
             with contextlib.suppress(httpx.HTTPError, OSError):
                 if self.url and self.request("GET", "/jobs", timeout=2).status_code == 200:
                     return
@@ -96,9 +96,3 @@ class ManagerProcess:
                 r.raise_for_status()
                 return {j["name"]: j for j in r.json()}
             time.sleep(float(r.headers.get("Retry-After", "1")))
-
-
-def _printed_url(log: Path) -> str:
-    """The address ``elasticps server`` printed to ``log`` once it listened ('' before)."""
-    found = re.search(r"^elasticps manager on (http://\S+) ", log.read_text(), re.M)
-    return found.group(1) if found else ""
