@@ -112,13 +112,40 @@ def test_the_oracle_bounds_the_others_and_elastic_captures_most_of_its_gain():
     from elasticps.sim import gain_captured
 
     work = synthetic_workload(300, seed=1)
-    results = {p: simulate(work, SimConfig(nodes=96, policy=p, seed=1)) for p in ("static", "elastic", "oracle")}
+    # rounds at ticks only: when rounds happen is not this test's subject, and event rounds take 4x as long
+    config = SimConfig(nodes=96, seed=1, event_rounds=False)
+    results = {p: simulate(work, dataclasses.replace(config, policy=p)) for p in ("static", "elastic", "oracle")}
     jct = {p: r.metrics["avg_jct_s"] for p, r in results.items()}
     assert jct["oracle"] < jct["elastic"] < jct["static"], jct
     share = gain_captured(results)
     assert share["static"] == 0.0 and share["oracle"] == 1.0
     assert 0.6 <= share["elastic"] < 1.0, share
     assert gain_captured({"elastic": results["elastic"]}) == {}  # needs static and oracle to mean anything
+
+
+def test_a_round_decides_when_a_job_arrives_or_ends_as_the_live_manager_does():
+    """Manager.run decides at once when a job is submitted or ends; so does the simulator by default.
+    Rounds at ticks only leave an arriving job waiting for the next tick on an empty cluster."""
+    work = synthetic_workload(30, seed=5)
+    tick = 300.0
+    runs = {
+        e: simulate(work, SimConfig(nodes=64, policy="static", seed=5, interval_s=tick, event_rounds=e))
+        for e in (True, False)
+    }
+    starts = {e: {j: h[0][0] for j, h in r.allocations.items() if h} for e, r in runs.items()}
+    arrival = {j.id: j.arrival_s for j in work}
+    # an empty cluster (30 jobs on 64 nodes): with event rounds every job starts as it arrives
+    assert all(starts[True][j] == arrival[j] for j in arrival), starts[True]
+    # at ticks only, a job arriving between two ticks waits for the next one
+    late = [j for j in arrival if starts[False][j] > arrival[j]]
+    assert late and all(starts[False][j] - arrival[j] <= tick for j in late)
+    assert runs[True].metrics["avg_jct_s"] < runs[False].metrics["avg_jct_s"]
+    # a job that ends frees room at once: on a full cluster the next one starts at that moment
+    full = simulate(work, SimConfig(nodes=2, node_cpu=64, policy="static", seed=5, tenant_change_s=1e12))
+    ends = {h[-1][0] for h in full.allocations.values()}
+    first = {j: h[0][0] for j, h in full.allocations.items()}
+    waited = [j for j in first if first[j] > arrival[j]]
+    assert waited and all(first[j] in ends for j in waited), (waited, sorted(ends))
 
 
 def test_a_workload_that_can_never_fit_is_refused_at_once_not_simulated_for_ever(capsys):
@@ -186,9 +213,9 @@ def test_adaptive_batch_jobs_make_the_three_objectives_differ(capsys):
     work = synthetic_workload(60, seed=4, adaptive_share=1.0)
     assert all(j.max_batch > 0 and j.noise_scale > 0 for j in work)
     assert synthetic_workload(60, seed=4) == [dataclasses.replace(j, max_batch=0, noise_scale=0.0) for j in work]
-    runs = {
-        o: simulate(work, SimConfig(nodes=16, seed=4, objective=o)).metrics for o in ("goodput", "speed", "efficiency")
-    }
+    config = SimConfig(nodes=16, seed=4, event_rounds=False)  # as above: ticks only, for time
+    objectives = ("goodput", "speed", "efficiency")
+    runs = {o: simulate(work, dataclasses.replace(config, objective=o)).metrics for o in objectives}
     assert runs["goodput"]["avg_jct_s"] < 0.8 * runs["speed"]["avg_jct_s"]
     assert runs["efficiency"]["cpu_hours"] < runs["goodput"]["cpu_hours"]
     assert all(r["batch_changes"] > 0 for r in runs.values())

@@ -17,7 +17,9 @@ refitted from those reports, as the live manager does. With ``fleet_prior``, a
 job whose own model is not yet confident is judged by a model fitted on the
 reports of every job of the same kind (the same model trained before), once
 that pooled model is confident; the ground truth is never used. Events: arrivals,
-completions, scheduling ticks, other tenants' load changing.
+completions, scheduling ticks, other tenants' load changing. As the live
+manager does, a round decides at each tick and at once when a job arrives or
+ends or the tenants' load changes (``event_rounds``; False: ticks and tenants only).
 
 Work counts in samples at the kind's batch M0. A job with an adaptive batch
 trains at the batch the policy picks for its shape (:func:`batches_for`) and
@@ -28,6 +30,8 @@ the noise scale of now (the runtime measures it every epoch).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import random
 import statistics
@@ -82,6 +86,9 @@ class SimConfig:
     job_speed_spread: float = 0.0  # jobs of one kind differ: each job's speed x lognormal(0, this)
     seed: int = 0
     truth: str = OPTIMUS  # elasticps.sim.truth.TRUTHS: the ground truth's speed surfaces
+    # Decide at once when a job arrives or ends, as the live manager does (Manager.run); False: only every
+    # interval and when tenants change (how the simulator decided before).
+    event_rounds: bool = True
 
 
 @dataclass
@@ -159,6 +166,16 @@ def spanned_speed(
     PS shards that are elsewhere."""
     cross = 1.0 - 1.0 / max(1, nodes)
     return truth.speed(surface, kind, p, w, cross, local_factor, batch, busiest_on_a_node(p, nodes))
+
+
+def _remembered(plan: ViewPlan) -> ViewPlan:
+    """``plan`` with each speed it works out kept: the rounds between two refits ask for the same shapes."""
+    return dataclasses.replace(
+        plan,
+        speed=functools.cache(plan.speed),
+        speed_at=None if plan.speed_at is None else functools.cache(plan.speed_at),
+        sd=None if plan.sd is None else functools.cache(plan.sd),
+    )
 
 
 def _worker_resources(spec: WorkloadJob) -> Resources:
@@ -281,7 +298,19 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
 
     priors: dict[tuple[str, float, float], SpeedModel] = {}  # a kind's model, for jobs of one task size
 
-    def view(job: _Job) -> JobView:
+    # A job's plan changes only when its model or its shape does: models are refitted at ticks (``fits``
+    # counts them), so the event rounds between two ticks reuse each job's plan and the speeds it worked out.
+    plans: dict[str, tuple[tuple[int, tuple[int, int] | None], ViewPlan]] = {}
+    fits = 0
+
+    def plan_of(job: _Job) -> ViewPlan:
+        key = (fits, job.shape)
+        cached = plans.get(job.spec.id)
+        if cached is None or cached[0] != key:
+            cached = plans[job.spec.id] = (key, _remembered(new_plan(job)))
+        return cached[1]
+
+    def new_plan(job: _Job) -> ViewPlan:
         s = job.spec
         limits = ShapeLimits(s.min_ps, s.max_ps, s.min_workers, s.max_workers)
         if oracle:  # it knows every shape's speed: nothing to explore
@@ -296,6 +325,11 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             static = (s.static_ps, s.static_workers)
             start = static if span_of(s)(*static) <= config.nodes else None  # asked more than there is: the minimum
             plan = plan_view(job.model, limits, job.shape, start, prior)
+        return plan
+
+    def view(job: _Job) -> JobView:
+        s = job.spec
+        plan = plan_of(job)
         return JobView(
             id=s.id,
             speed=plan.speed,
@@ -389,6 +423,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         busy_cpu_s += used * dt
         avail_cpu_s += avail * dt
         t = t_next
+        events = False  # an arrival or a completion: the live manager decides at once
         # completions
         for jid in [
             j for j, job in active.items() if job.shape is not None and job.remaining <= 1e-6 * job.spec.samples
@@ -399,6 +434,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             rates.pop(jid, None)
             speeds.pop(jid, None)
             done += 1
+            events = True
         while ai < len(arrivals) and arrivals[ai].arrival_s <= t:
             spec = arrivals[ai]
             kind = KINDS[spec.kind]
@@ -407,13 +443,18 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             job.surface = truth.surface(spec.id, kind)
             jobs[spec.id] = active[spec.id] = job
             ai += 1
+            events = True
         if t >= next_tenant:
             for n in tenant:
                 share = rng.uniform(0, config.tenant_max_share) if rng.random() < 0.5 else 0.0
                 tenant[n] = math.floor(share * config.node_cpu / 4) * 4
             next_tenant = t + rng.expovariate(1.0 / config.tenant_change_s)
             schedule()  # room changed: decide now
+            events = False
+        if events and config.event_rounds and t < next_tick and done < len(arrivals):
+            schedule()
         if t >= next_tick:
+            fits += 1
             for job in active.values():
                 speed = speeds.get(job.spec.id, 0.0)
                 if job.shape is not None and speed > 0 and t >= job.paused_until:
