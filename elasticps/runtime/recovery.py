@@ -1,0 +1,178 @@
+"""After a failed step: what to do (:func:`plan_recovery`) and doing it (:class:`Recovery`).
+
+What a failed step may have left, and what restores it:
+
+- a worker died before its gradient was in: no shard updated, the step is
+  redone by the workers left (the data position did not move);
+- a worker died after its gradient was in: the step stands, the dead worker
+  is dropped;
+- an update failed part-way (a worker's gradient was lost after some shards
+  applied the step): the shards disagree on the step, so every shard is
+  restored from the newest checkpoint, and with it the step, the data
+  position and a user loop's state;
+- a PS shard died: the same restore, onto new shards;
+- no task died: the program's own code failed (:class:`UserCodeError`).
+
+The caller (the job's step) says which of the first cases it was by
+``ps_inconsistent``; the liveness of the tasks says the rest. A restore
+happens between two steps like any shape change, so the next step reads whole
+shards only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from elasticps.errors import ConfigError, JobFailedError, UserCodeError
+from elasticps.runtime import tasks
+from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore, Layout, layout_mismatch
+from elasticps.runtime.config import JobConfig
+from elasticps.runtime.membership import Shape, task_name
+from elasticps.runtime.rescale import JobHooks, Rescaler
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """``restore``: ``torn`` (shards disagree, none died) or ``lost`` (a shard
+    died): restore the PS from the newest checkpoint. ``user_code``: no task
+    died. ``no_workers``: every worker died, then ``replace`` them or fail."""
+
+    restore: Literal["torn", "lost"] | None
+    user_code: bool
+    no_workers: bool
+    replace: bool
+
+
+def plan_recovery(
+    dead_ps: int, dead_workers: int, workers: int, ps_inconsistent: bool, replace_dead_workers: bool
+) -> RecoveryPlan:
+    """What to do after a failed step with ``dead_ps`` PS and ``dead_workers``
+    of ``workers`` workers dead."""
+    restore: Literal["torn", "lost"] | None = None
+    if dead_ps:
+        restore = "lost"
+    elif ps_inconsistent and dead_workers:
+        restore = "torn"
+    no_workers = dead_workers == workers
+    return RecoveryPlan(restore, not dead_ps and not dead_workers, no_workers, no_workers and replace_dead_workers)
+
+
+class Checkpoints:
+    """The job's checkpoints: the newest intact one, and when the last was written."""
+
+    def __init__(self, config: JobConfig, event: Callable[[str], None]) -> None:
+        self.config = config
+        self.store = CheckpointStore(config.checkpoint_dir) if config.checkpoint_dir else None
+        self._event = event
+        self.last_step = -1  # the step of the last checkpoint this run wrote
+
+    def latest(self) -> Checkpoint | None:
+        """The newest intact checkpoint; damaged newer ones become events."""
+        if not self.store:
+            return None
+        seen = len(self.store.skipped)
+        ckpt = self.store.latest()
+        for message in self.store.skipped[seen:]:
+            self._event(f"checkpoint {message}")
+        return ckpt
+
+    def save(self, ckpt: Checkpoint) -> None:
+        assert self.store is not None
+        self.store.save(ckpt)
+        self.last_step = ckpt.step
+
+    def due(self, step: int) -> bool:
+        """Whether ``checkpoint_every_steps`` steps ran since the last checkpoint."""
+        every = self.config.checkpoint_every_steps
+        return bool(self.store and every and step - self.last_step >= every)
+
+    def check(self, ckpt: Checkpoint, program: Any, layout: Layout) -> None:
+        """Raise if ``ckpt`` was not written by this program (seed, optimizer, model)."""
+        if ckpt.seed != program.seed or ckpt.optimizer != program.optimizer_name:
+            raise ConfigError(
+                f"checkpoint in {self.config.checkpoint_dir} is for seed {ckpt.seed} / {ckpt.optimizer}, "
+                f"the program has seed {program.seed} / {program.optimizer_name}"
+            )
+        why = layout_mismatch(ckpt, layout)
+        if why:  # the program's code changed since the checkpoint was written
+            raise UserCodeError(f"checkpoint {ckpt.file} does not match the model: {why}")
+
+
+class Recovery:
+    """Restores the tasks of ``rescaler``'s job after a failed step (new ones
+    start through it). ``rewind(ckpt)``: set the job's step, data position and
+    loop state back to ``ckpt``'s (before the shards get its state)."""
+
+    def __init__(
+        self, rescaler: Rescaler, checkpoints: Checkpoints, hooks: JobHooks, rewind: Callable[[Checkpoint], None]
+    ) -> None:
+        self.rescaler = rescaler
+        self.config, self.group, self.requests = rescaler.config, rescaler.group, rescaler.requests
+        self.checkpoints = checkpoints
+        self._event, self._step = hooks.event, hooks.step
+        self._rewind = rewind
+
+    def recover(self, exc: BaseException, ps_inconsistent: bool = False) -> None:
+        """After a failed step: drop dead workers, restore lost PS, or give up.
+
+        ``ps_inconsistent``: the failure hit the update, so some shards may have
+        applied the step and others not; the PS are restored from the checkpoint.
+        """
+        group = self.group
+        timeout = self.config.liveness_timeout_s
+        dead_ps = [t for t in group.ps if not tasks.is_alive(t.handle, timeout)]
+        dead_workers = [t for t in group.workers if not tasks.is_alive(t.handle, timeout)]
+        self.rescaler.suspects.mark([t.node_id for t in dead_ps + dead_workers], time.monotonic())
+        plan = plan_recovery(
+            len(dead_ps), len(dead_workers), len(group.workers), ps_inconsistent, self.config.replace_dead_workers
+        )
+        if plan.restore == "torn":
+            self._event("an update failed part-way (a worker's gradient was lost)")
+            self._restore_ps(0)
+        if plan.user_code:
+            cause = getattr(exc, "cause", None) or exc
+            raise UserCodeError(f"step {self._step()} failed in user code: {type(cause).__name__}: {cause}") from exc
+        if dead_workers:
+            self._event(f"{len(dead_workers)} worker(s) died; continuing with {len(group.workers) - len(dead_workers)}")
+            group.remove(dead_workers)
+        if plan.restore == "lost":
+            self._restore_ps(len(dead_ps))
+        if plan.no_workers:
+            if not plan.replace:
+                raise JobFailedError("every worker died and replace_dead_workers is off") from exc
+            self._replace_workers()
+
+    def _replace_workers(self) -> None:
+        pending = self.rescaler.launch(self.requests.target, self.requests.applied, "replace", strict=False)
+        names = [task_name("worker", i) for i in pending.new_workers]
+        started = tasks.wait_ready(list(pending.new_workers.values()), self.config.placement_timeout_s, names)
+        for p in pending.new_ps.values():
+            tasks.kill(p.handle)
+        self.group.install(Shape(len(self.group.ps), len(started)), {}, dict(enumerate(started)), None, self._step())
+        self._event(f"replaced all workers ({len(started)})")
+
+    def _restore_ps(self, dead: int) -> None:
+        """New shards with the newest checkpoint's state; the job goes back to its step."""
+        if self.checkpoints.store is None:
+            raise JobFailedError("a PS shard died and no checkpoint_dir is configured")
+        ckpt = self.checkpoints.latest()
+        if ckpt is None:
+            raise JobFailedError("a PS shard died before the first checkpoint")
+        group = self.group
+        lost = self._step() - ckpt.step
+        num_ps = len(group.ps)
+        group.remove(list(group.ps))
+        placement = {k: v for k, v in self.requests.target.placement.items() if k.startswith("ps-")}
+        pending = self.rescaler.launch(
+            Shape(num_ps, len(group.workers), placement), self.requests.applied, "restore", strict=False
+        )
+        for p in pending.new_workers.values():
+            tasks.kill(p.handle)
+        names = [task_name("ps", i) for i in pending.new_ps]
+        started = tasks.wait_ready(list(pending.new_ps.values()), self.config.placement_timeout_s, names)
+        self._rewind(ckpt)
+        group.install(Shape(num_ps, len(group.workers)), dict(enumerate(started)), {}, ckpt.state, ckpt.step)
+        self._event(f"{dead} PS shard(s) died; restored from checkpoint at step {ckpt.step} (lost {lost} steps)")

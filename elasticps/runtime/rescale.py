@@ -1,0 +1,291 @@
+"""Changing a running job's shape: starting, switching to and releasing tasks.
+
+A request's new tasks start while the job trains (make before break); the
+job's loop calls :meth:`Rescaler.at_boundary` between two steps, and only there
+does the shape change: the running shards' state is gathered, re-cut over the
+new PS list and installed before the next step reads it, so no step sees half
+a shape. Tasks of one kind are interchangeable, so a running task on the node
+a slot wants fills it (:func:`~elasticps.runtime.slots.match_slots`) and a
+shrink starts nothing.
+
+The decisions (which request to act on, when to release first, when to give
+up) are :mod:`elasticps.runtime.membership`'s; this module carries them out
+on Ray.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from elasticps.errors import PlacementError
+from elasticps.runtime import tasks
+from elasticps.runtime.config import JobConfig
+from elasticps.runtime.membership import (
+    Kind,
+    PendingChange,
+    Requests,
+    Shape,
+    SuspectNodes,
+    release_plan,
+    rescale_outcome,
+    task_name,
+    wanted,
+)
+from elasticps.runtime.reports import RescaleRecord
+from elasticps.runtime.shard_state import ShardState
+from elasticps.runtime.slots import fits_now, match_slots
+from elasticps.runtime.task_group import TaskGroup
+
+
+@dataclass(frozen=True)
+class JobHooks:
+    """What the runtime's pieces call back on their job: ``event(text)``
+    records an event at the job's step, ``flush_window()`` closes the window
+    being measured (a window measures one shape), ``step()`` is the job's step now."""
+
+    event: Callable[[str], None]
+    flush_window: Callable[[], None]
+    step: Callable[[], int]
+
+
+class Rescaler:
+    """Carries a job's rescale ``requests`` out on ``group``."""
+
+    def __init__(self, program: Any, config: JobConfig, group: TaskGroup, requests: Requests, hooks: JobHooks) -> None:
+        self.program = program
+        self.config = config
+        self.group = group
+        self.requests = requests
+        self._lock = group.lock
+        self._event, self._flush, self._step = hooks.event, hooks.flush_window, hooks.step
+        self.pending: PendingChange | None = None
+        self.records: list[RescaleRecord] = []  # every shape change and failed request, in order
+        self.suspects = SuspectNodes()  # nodes where tasks died: not pinned to for a while
+        self.dataset_ref: Any = None  # the training set in the object store, for new workers (None: they build it)
+
+    def _resources(self, kind: Kind) -> Any:
+        return self.config.ps_resources if kind == "ps" else self.config.worker_resources
+
+    # ----------------------------------------------------------- requests
+    def request(self, shape: Shape) -> int:
+        """Leave a request for ``shape``; pins to unknown or too-small nodes fail at once."""
+        if shape.placement:
+            nodes = tasks.alive_nodes()
+            for name, node in shape.placement.items():
+                tasks.check_fits(name, node, self._resources("ps" if name.startswith("ps-") else "worker"), nodes)
+        return self.requests.ask(shape)
+
+    def wait(self, request_id: int, timeout_s: float, ended: Callable[[], bool]) -> RescaleRecord:
+        """Block until request ``request_id`` is applied; raise if it failed."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                rec = rescale_outcome(request_id, self.records, self.requests.applied, ended())
+            if rec is not None:
+                return rec
+            time.sleep(0.02)
+        raise TimeoutError(f"rescale request {request_id} not applied within {timeout_s:g} s")
+
+    def starting(self) -> dict[str, str]:
+        """Tasks of a pending rescale that have been started on a pinned node but
+        are not in use yet: ``{task name: node id}`` (they already hold resources)."""
+        pending = self.pending
+        if pending is None:
+            return {}
+        out = {task_name("ps", i): p.wanted_node for i, p in pending.new_ps.items() if p.wanted_node}
+        out.update({task_name("worker", i): p.wanted_node for i, p in pending.new_workers.items() if p.wanted_node})
+        return out
+
+    def pending_ready(self) -> bool:
+        """Whether a boundary now would change the shape (or start doing so)."""
+        pending = self.pending
+        if self.requests.unlaunched(None if pending is None else pending.request_id):
+            return True
+        if pending is None:
+            return False
+        return tasks.all_ready(pending.starting())
+
+    # ------------------------------------------------------ at a boundary
+    def at_boundary(self) -> None:
+        """Start the tasks of the newest request, then switch to a pending
+        shape whose tasks all run, or fail it once it waited too long."""
+        self.launch_pending()
+        pending = self.pending
+        if pending is None:
+            return
+        started = pending.starting()
+        verdict = pending.verdict(tasks.all_ready(started), time.monotonic(), self.config.placement_timeout_s)
+        if verdict == "apply":
+            self.pending = None
+            self._apply_change(pending, [tasks.to_task(p) for p in started])
+        elif verdict == "give_up":
+            self.pending = None
+            waited = time.monotonic() - pending.launched_at
+            error = tasks.give_up(started, pending.names(), waited)
+            self.fail_request(pending.request_id, pending.shape, str(error), waited)
+
+    def launch_pending(self) -> None:
+        """Start the tasks of the newest request (or of replacements) if not started yet."""
+        pending = self.pending
+        decision = self.requests.next_launch(
+            None if pending is None else pending.request_id, len(self.group.workers), self.config.replace_dead_workers
+        )
+        if decision.cancel:
+            self.cancel_pending()
+        if decision.reason is not None:
+            try:
+                self._release_first(decision.shape)
+                self.pending = self.launch(decision.shape, decision.request_id, decision.reason, strict=False)
+            except PlacementError as exc:
+                self.fail_request(decision.request_id, decision.shape, str(exc), 0.0)
+
+    def prepare(self, timeout_s: float | None = None) -> bool:
+        """Start the tasks of the newest request and wait (at most ``timeout_s``)
+        until they run; returns whether everything is running."""
+        self.launch_pending()
+        if self.pending is None:
+            return True
+        started = [p.ready_ref for p in self.pending.starting()]
+        timeout = self.config.placement_timeout_s if timeout_s is None else timeout_s
+        _, not_ready = ray.wait(started, num_returns=len(started), timeout=timeout)
+        return not not_ready
+
+    # ------------------------------------------------------------ actions
+    def launch(self, shape: Shape, request_id: int, reason: str, strict: bool) -> PendingChange:
+        """Start the tasks that ``shape`` needs beyond the running ones it keeps
+        (a running task on the node a slot wants fills it). ``strict``: a pin
+        to a gone node is an error, not a task Ray places anywhere."""
+        nodes = tasks.alive_nodes() if shape.placement else {}
+        new: dict[Kind, dict[int, tasks.PendingTask]] = {"ps": {}, "worker": {}}
+        kept: dict[Kind, dict[int, tasks.Task]] = {"ps": {}, "worker": {}}
+        current: dict[Kind, list[tasks.Task]] = {"ps": self.group.ps, "worker": self.group.workers}
+        threads = {"ps": self.config.ps_threads, "worker": self.config.worker_threads}
+        kind: Kind
+        try:
+            for kind in ("ps", "worker"):
+                want = self._wanted(kind, shape, nodes)
+                for i, (pin, node) in enumerate(zip(shape.pins(kind), want, strict=True)):
+                    if pin is not None and node is None:
+                        if strict:
+                            tasks.check_fits(task_name(kind, i), pin, self._resources(kind), nodes)
+                        self._event(f"{task_name(kind, i)}: pinned node {pin} is gone; letting Ray place it")
+                have = current[kind]
+                match = match_slots([t.node_id for t in have], want)
+                kept[kind] = {i: have[j] for i, j in match.items()}
+                for i, node in enumerate(want):
+                    if i in match:
+                        continue
+                    if node is not None:
+                        tasks.check_fits(task_name(kind, i), node, self._resources(kind), nodes)
+                    new[kind][i] = tasks.launch(
+                        kind,
+                        self.program,
+                        self._resources(kind),
+                        threads[kind],
+                        node,
+                        shared_memory=self.config.mode == "sync" and self.config.shared_memory,
+                        dataset=self.dataset_ref,
+                        name=task_name(kind, i),
+                    )
+        except PlacementError:
+            for p in [*new["ps"].values(), *new["worker"].values()]:
+                tasks.kill(p.handle)
+            raise
+        return PendingChange(
+            request_id, shape, new["ps"], new["worker"], time.monotonic(), reason, kept["ps"], kept["worker"]
+        )
+
+    def _wanted(self, kind: Kind, shape: Shape, nodes: dict[str, dict[str, float]]) -> list[str | None]:
+        now = time.monotonic()
+        return wanted(kind, shape, nodes, lambda n: self.suspects.suspect(n, now))
+
+    def _release_first(self, shape: Shape) -> None:
+        """Switch to the running tasks ``shape`` keeps first, if its new tasks
+        have no room beside the old ones (see :func:`membership.release_plan`)."""
+        group = self.group
+        nodes = tasks.alive_nodes() if shape.placement else {}
+        plan = release_plan(
+            {"ps": [t.node_id for t in group.ps], "worker": [t.node_id for t in group.workers]},
+            {"ps": self._wanted("ps", shape, nodes), "worker": self._wanted("worker", shape, nodes)},
+            {kind: self._resources(kind).as_ray_resources() for kind in ("ps", "worker")},  # type: ignore[misc]
+            lambda new: fits_now(new, tasks.free_now()),
+        )
+        if plan is None:
+            return
+        ps = [group.ps[j] for _, j in sorted(plan.keep_ps.items())]
+        workers = [group.workers[j] for _, j in sorted(plan.keep_workers.items())]
+        self._flush()
+        t0 = time.perf_counter()
+        before = group.counts()
+        state = group.gather_state() if group.shards_change(ps) else None
+        group.install(Shape(len(ps), len(workers)), dict(enumerate(ps)), dict(enumerate(workers)), state, self._step())
+        pause = time.perf_counter() - t0
+        with self._lock:
+            self.records.append(
+                RescaleRecord(0, before, (len(ps), len(workers)), self._step(), pause, 0.0, True, reason="release")
+            )
+        self._event(
+            f"released {plan.drops} task(s) ahead of the rescale to {shape.num_ps}x{shape.num_workers}: "
+            f"{before[0]}x{before[1]} -> {len(ps)}x{len(workers)} until its new tasks run (no room for them yet)"
+        )
+
+    def cancel_pending(self) -> None:
+        assert self.pending is not None
+        for p in self.pending.starting():
+            tasks.kill(p.handle)
+        self.pending = None
+
+    def fail_request(self, request_id: int, shape: Shape, error: str, launch_s: float) -> None:
+        with self._lock:
+            current = self.group.counts()
+            self.records.append(
+                RescaleRecord(
+                    request_id, current, (shape.num_ps, shape.num_workers), self._step(), 0.0, launch_s, False, error
+                )
+            )
+            self.requests.mark_failed(request_id, Shape(*current, self.group.placement()))
+        self._event(f"rescale to {shape.num_ps}x{shape.num_workers} failed: {error}")
+
+    def _apply_change(self, pending: PendingChange, started: list[tasks.Task]) -> None:
+        """Switch to the new shape. The pause is the time spent here."""
+        self._flush()  # a window measures one shape: the steps before the switch are the old one's
+        t0 = time.perf_counter()
+        before = self.group.counts()
+        slots = [pending.kept_ps.get(i) for i in range(pending.shape.num_ps)]  # None: a new PS
+        state = self.group.gather_state() if self.group.shards_change(slots) else None
+        self.install(pending, started, state)
+        pause = time.perf_counter() - t0
+        record = RescaleRecord(
+            request_id=pending.request_id,
+            from_shape=before,
+            to_shape=self.group.counts(),
+            at_step=self._step(),
+            pause_s=pause,
+            launch_s=time.monotonic() - pending.launched_at,
+            ok=True,
+            reason=pending.reason,
+            new_tasks=len(started),
+        )
+        with self._lock:
+            self.records.append(record)
+            self.requests.mark_applied(pending.request_id)
+        self._event(
+            f"rescaled {before[0]}x{before[1]} -> {record.to_shape[0]}x{record.to_shape[1]}"
+            f" (pause {pause * 1000:.0f} ms)"
+        )
+
+    def install(self, pending: PendingChange, started: list[tasks.Task], state: ShardState | None) -> None:
+        """Make ``pending.shape`` current with ``started`` (its new PS, then its new workers)."""
+        n_ps = len(pending.new_ps)
+        self.group.install(
+            pending.shape,
+            {**pending.kept_ps, **dict(zip(pending.new_ps, started[:n_ps], strict=True))},
+            {**pending.kept_workers, **dict(zip(pending.new_workers, started[n_ps:], strict=True))},
+            state,
+            self._step(),
+        )

@@ -1,0 +1,106 @@
+"""The job's running tasks: its PS shards and workers, and the parameters of its next step.
+
+A :class:`TaskGroup` is the one place that replaces the task lists. The
+job's loop changes them only between two steps (an install, or dropping dead
+tasks after a failed step); other threads read them, under the controller's
+lock, for a report.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import ray
+
+from elasticps.runtime import tasks
+from elasticps.runtime.flat import shard_bounds
+from elasticps.runtime.membership import Shape, task_name
+from elasticps.runtime.shard_state import ShardState, concat_shards
+
+
+class TaskGroup:
+    """``ps`` and ``workers`` in slot order; ``param_refs``: each shard's
+    parameters for the next step (``bounds``: its flat range).
+
+    ``on_join(workers)``: called with the workers an install adds, before it
+    changes anything (a user's loop snapshots the state they start from)."""
+
+    def __init__(self, lock: threading.RLock, on_join: Callable[[list[tasks.Task]], None] | None = None) -> None:
+        self.lock = lock  # the controller's: other threads read the lists under it
+        self._on_join = on_join
+        self.ps: list[tasks.Task] = []
+        self.workers: list[tasks.Task] = []
+        self.param_refs: list[Any] = []
+        self.bounds: list[tuple[int, int]] = []
+        self.nodes_used: set[str] = set()  # where the job's tasks ran: swept at shutdown
+
+    def placement(self) -> dict[str, str]:
+        """Where every task runs: ``{"ps-0": node id, "worker-0": node id, ...}``."""
+        out = {task_name("ps", i): t.node_id for i, t in enumerate(self.ps)}
+        out.update({task_name("worker", i): t.node_id for i, t in enumerate(self.workers)})
+        return out
+
+    def counts(self) -> tuple[int, int]:
+        return len(self.ps), len(self.workers)
+
+    def shards_change(self, ps: list[Any]) -> bool:
+        """Whether ``ps`` (the PS of a new shape, slot by slot) is not the running
+        PS list as it is: new, fewer, more or reordered shards, cut again."""
+        return [id(t) for t in ps] != [id(t) for t in self.ps]
+
+    def gather_state(self) -> ShardState:
+        return concat_shards(ray.get([t.handle.get_state.remote() for t in self.ps]))
+
+    def parameters(self) -> np.ndarray:
+        """A copy of the current flat parameters, gathered from the PS shards."""
+        return np.concatenate(ray.get([t.handle.params.remote() for t in self.ps]))
+
+    def install(
+        self,
+        shape: Shape,
+        new_ps: dict[int, tasks.Task],
+        new_workers: dict[int, tasks.Task],
+        state: ShardState | None,
+        step: int,
+    ) -> None:
+        """Make ``shape`` current: slot ``i`` is ``new_*[i]``, else the running
+        task ``i``. If ``state`` is given, (re)shard it over the PS as of
+        ``step``. Tasks the shape does not keep are retired."""
+        ps = [new_ps.get(i) or self.ps[i] for i in range(shape.num_ps)]
+        workers = [new_workers.get(i) or self.workers[i] for i in range(shape.num_workers)]
+        joining = [w for w in workers if all(w.handle is not t.handle for t in self.workers)]
+        if self._on_join is not None and joining:
+            self._on_join(joining)
+        if state is not None:
+            bounds = shard_bounds(state.numel, len(ps))
+            refs = [
+                t.handle.set_state.remote(state.slice(lo, hi), step, lo) for t, (lo, hi) in zip(ps, bounds, strict=True)
+            ]
+            ray.get(refs)
+            self.param_refs, self.bounds = refs, bounds
+        keep = {id(t.handle) for t in ps + workers}
+        tasks.retire([t.handle for t in self.ps + self.workers if id(t.handle) not in keep])
+        self.nodes_used.update(t.node_id for t in ps + workers)
+        with self.lock:
+            self.ps, self.workers = ps, workers
+
+    def remove(self, dead: list[tasks.Task]) -> None:
+        """Kill ``dead`` and drop them from the lists (the slots after them move up)."""
+        for t in dead:
+            tasks.kill(t.handle)
+        with self.lock:
+            self.ps = [t for t in self.ps if t not in dead]
+            self.workers = [t for t in self.workers if t not in dead]
+
+    def retire_all(self) -> None:
+        """Stop every task (:meth:`sweep` then cleans up after them)."""
+        tasks.retire([t.handle for t in self.ps + self.workers])
+        self.nodes_used.update(t.node_id for t in self.ps + self.workers)
+        self.ps, self.workers, self.param_refs = [], [], []
+
+    def sweep(self) -> None:
+        """Remove the shared memory that dead tasks left on every node the job used."""
+        tasks.sweep_nodes(self.nodes_used)

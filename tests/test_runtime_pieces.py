@@ -1,0 +1,230 @@
+"""The runtime's pieces without Ray: requests, shape changes, recovery, checkpoints."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from elasticps.errors import ConfigError, PlacementError, UserCodeError
+from elasticps.runtime.checkpoint import Checkpoint
+from elasticps.runtime.config import JobConfig
+from elasticps.runtime.data import DataPosition
+from elasticps.runtime.membership import (
+    PendingChange,
+    Requests,
+    Shape,
+    SuspectNodes,
+    check_shape,
+    release_plan,
+    rescale_outcome,
+    wanted,
+)
+from elasticps.runtime.recovery import Checkpoints, RecoveryPlan, plan_recovery
+from elasticps.runtime.reports import RescaleRecord
+from elasticps.runtime.shard_state import ShardState
+
+CPU = {"CPU": 1.0}
+
+
+def _requests(num_ps: int = 1, num_workers: int = 2) -> Requests:
+    return Requests(Shape(num_ps, num_workers), threading.RLock())
+
+
+def _record(request_id: int, ok: bool = True, error: str | None = None) -> RescaleRecord:
+    return RescaleRecord(request_id, (1, 1), (2, 2), 5, 0.1, 0.2, ok, error)
+
+
+# ------------------------------------------------------------------ requests
+def test_a_new_request_is_launched_and_replaces_the_target():
+    req = _requests()
+    rid = req.ask(Shape(2, 3))
+    decision = req.next_launch(None, running_workers=2, replace_dead_workers=True)
+    assert (decision.request_id, decision.reason, decision.cancel) == (rid, "request", False)
+    assert decision.shape == Shape(2, 3)
+
+
+def test_nothing_is_launched_when_the_newest_request_is_applied_and_no_worker_is_missing():
+    req = _requests()
+    rid = req.ask(Shape(2, 3))
+    req.mark_applied(rid)
+    decision = req.next_launch(None, running_workers=3, replace_dead_workers=True)
+    assert decision.reason is None and not decision.cancel
+
+
+def test_a_newer_request_cancels_the_pending_one_and_launches_itself():
+    req = _requests()
+    first = req.ask(Shape(2, 3))
+    second = req.ask(Shape(1, 4))
+    decision = req.next_launch(first, running_workers=2, replace_dead_workers=False)
+    assert decision.cancel and decision.reason == "request" and decision.request_id == second
+
+
+def test_the_pending_request_itself_is_neither_cancelled_nor_launched_again():
+    req = _requests()
+    rid = req.ask(Shape(2, 3))
+    decision = req.next_launch(rid, running_workers=0, replace_dead_workers=True)
+    assert not decision.cancel and decision.reason is None
+
+
+@pytest.mark.parametrize(("replace", "running", "reason"), [(True, 1, "replace"), (False, 1, None), (True, 2, None)])
+def test_dead_workers_are_replaced_only_when_asked_and_missing(replace, running, reason):
+    # the target has 2 workers; none was asked since the start
+    req = _requests(1, 2)
+    assert req.next_launch(None, running_workers=running, replace_dead_workers=replace).reason == reason
+
+
+def test_a_failed_newest_request_makes_the_current_shape_the_target():
+    req = _requests(1, 2)
+    rid = req.ask(Shape(4, 4))
+    req.mark_failed(rid, Shape(1, 2, {"ps-0": "n1"}))
+    assert req.target == Shape(1, 2, {"ps-0": "n1"}) and req.applied == rid
+    assert req.next_launch(None, running_workers=2, replace_dead_workers=True).reason is None
+
+
+def test_a_failed_older_request_leaves_a_newer_target_alone():
+    req = _requests(1, 2)
+    old = req.ask(Shape(4, 4))
+    req.ask(Shape(2, 2))
+    req.mark_failed(old, Shape(1, 2))
+    assert req.target == Shape(2, 2)
+    assert req.unlaunched(None)  # the newer one still waits for its tasks
+
+
+def test_a_batch_request_is_taken_once():
+    req = _requests()
+    assert not req.batch_asked() and req.take_batch() is None
+    req.ask_batch(64)
+    req.ask_batch(128)  # the newer one wins
+    assert req.batch_asked()
+    assert req.take_batch() == 128 and req.take_batch() is None
+
+
+def test_rescale_outcome():
+    assert rescale_outcome(2, [_record(1), _record(2)], applied=2, ended=False).request_id == 2
+    assert rescale_outcome(3, [_record(1)], applied=1, ended=False) is None  # still to come
+    with pytest.raises(PlacementError, match="no room"):
+        rescale_outcome(2, [_record(2, ok=False, error="no room")], applied=2, ended=False)
+    with pytest.raises(ConfigError, match="superseded"):
+        rescale_outcome(2, [_record(1)], applied=3, ended=False)
+    with pytest.raises(ConfigError, match="job ended"):
+        rescale_outcome(2, [], applied=1, ended=True)
+
+
+def test_check_shape_names_the_pins_the_shape_lacks():
+    check_shape(2, 1, {"ps-1": "a", "worker-0": "b"})
+    with pytest.raises(ConfigError, match=r"\['worker-1'\]"):
+        check_shape(2, 1, {"worker-1": "a"})
+    with pytest.raises(ConfigError, match="at least 1 PS"):
+        check_shape(0, 1, {})
+
+
+# -------------------------------------------------------------- placement
+def test_pins_to_gone_or_suspect_nodes_count_as_anywhere():
+    shape = Shape(1, 3, {"worker-0": "a", "worker-1": "gone", "worker-2": "sick", "ps-0": "a"})
+    suspects = SuspectNodes(hold_s=60.0)
+    suspects.mark(["sick"], now=100.0)
+    alive = {"a", "sick"}
+    assert wanted("worker", shape, alive, lambda n: suspects.suspect(n, 130.0)) == ["a", None, None]
+    # 60 s later the node is trusted again
+    assert wanted("worker", shape, alive, lambda n: suspects.suspect(n, 161.0)) == ["a", None, "sick"]
+    assert wanted("ps", shape, alive, lambda n: False) == ["a"]
+
+
+def test_a_shape_that_moves_a_task_onto_a_full_node_releases_first():
+    asked: list[list[tuple[str, dict[str, float]]]] = []
+
+    def full(new):
+        asked.append(new)
+        return False
+
+    plan = release_plan(
+        {"ps": ["a", "a"], "worker": ["a", "b"]},  # 2 PS on a, workers on a and b
+        {"ps": [None, "b"], "worker": ["a"]},  # 2x1: ps-1 moves to b, worker-1 goes
+        {"ps": CPU, "worker": CPU},
+        full,
+    )
+    # ps-0 keeps PS 0; ps-1 needs a new task on b; worker-0 keeps worker 0; PS 1 and worker 1 drop
+    assert plan is not None and plan.keep_ps == {0: 0} and plan.keep_workers == {0: 0} and plan.drops == 2
+    assert asked == [[("b", CPU)]]
+
+
+def test_no_release_when_the_new_tasks_fit_or_nothing_drops():
+    shapes = ({"ps": ["a", "a"], "worker": ["a", "b"]}, {"ps": [None, "b"], "worker": ["a"]})
+    assert release_plan(*shapes, {"ps": CPU, "worker": CPU}, lambda new: True) is None
+    # a pure growth drops nothing: the room is never asked about
+    asked = []
+    grow = release_plan(
+        {"ps": ["a"], "worker": ["a"]},
+        {"ps": [None], "worker": [None, "b"]},
+        {"ps": CPU, "worker": CPU},
+        lambda new: asked.append(new) or False,
+    )
+    assert grow is None and asked == []
+
+
+def test_no_release_when_it_would_leave_no_worker():
+    # every running worker is replaced by one elsewhere: switching to the kept ones would leave none
+    plan = release_plan(
+        {"ps": ["a"], "worker": ["a"]}, {"ps": [None], "worker": ["b"]}, {"ps": CPU, "worker": CPU}, lambda new: False
+    )
+    assert plan is None
+
+
+def test_a_pending_change_is_applied_once_running_and_given_up_after_the_timeout():
+    pending = PendingChange(3, Shape(2, 2), {1: "p"}, {0: "w0", 1: "w1"}, launched_at=10.0, reason="request")
+    assert pending.names() == ["ps-1", "worker-0", "worker-1"]
+    assert pending.starting() == ["p", "w0", "w1"]
+    assert pending.verdict(True, now=1000.0, timeout_s=60.0) == "apply"
+    assert pending.verdict(False, now=69.0, timeout_s=60.0) is None
+    assert pending.verdict(False, now=71.0, timeout_s=60.0) == "give_up"
+
+
+# --------------------------------------------------------------- recovery
+@pytest.mark.parametrize(
+    ("dead_ps", "dead_workers", "workers", "torn", "replace", "expected"),
+    [
+        # a worker died before its gradient was in: drop it, redo the step, nothing restored
+        (0, 1, 3, False, True, RecoveryPlan(None, user_code=False, no_workers=False, replace=False)),
+        # a worker's gradient was lost after some shards applied the step: restore the shards
+        (0, 1, 3, True, True, RecoveryPlan("torn", user_code=False, no_workers=False, replace=False)),
+        # a shard died (with or without a torn update): restore onto new shards
+        (1, 0, 3, True, True, RecoveryPlan("lost", user_code=False, no_workers=False, replace=False)),
+        (2, 1, 3, False, True, RecoveryPlan("lost", user_code=False, no_workers=False, replace=False)),
+        # nothing died: the program's code failed, torn or not
+        (0, 0, 3, True, True, RecoveryPlan(None, user_code=True, no_workers=False, replace=False)),
+        # every worker died: start new ones, or fail if that is off
+        (0, 2, 2, False, True, RecoveryPlan(None, user_code=False, no_workers=True, replace=True)),
+        (0, 2, 2, False, False, RecoveryPlan(None, user_code=False, no_workers=True, replace=False)),
+    ],
+)
+def test_recovery_plan(dead_ps, dead_workers, workers, torn, replace, expected):
+    assert plan_recovery(dead_ps, dead_workers, workers, torn, replace) == expected
+
+
+def _checkpoint(step: int, **kw) -> Checkpoint:
+    fields = {"seed": 0, "optimizer": "sgd", "layout": [("w", [2])], **kw}
+    return Checkpoint(step, DataPosition(0, step), ShardState(np.zeros(2, np.float32)), samples_seen=step, **fields)
+
+
+def test_checkpoints_are_due_every_n_steps_after_the_last(tmp_path):
+    ckpts = Checkpoints(JobConfig(checkpoint_dir=str(tmp_path), checkpoint_every_steps=5), lambda text: None)
+    assert ckpts.latest() is None and ckpts.due(5)  # none written yet: due
+    ckpts.save(_checkpoint(3))
+    assert not ckpts.due(7) and ckpts.due(8)
+    assert ckpts.latest().step == 3
+    never = Checkpoints(JobConfig(checkpoint_dir=str(tmp_path), checkpoint_every_steps=0), lambda text: None)
+    assert not never.due(1000)  # 0: only at the end of epochs and of the job
+    assert not Checkpoints(JobConfig(checkpoint_every_steps=5), lambda text: None).due(1000)  # nowhere to write
+
+
+def test_a_checkpoint_of_another_program_or_model_is_refused(tmp_path):
+    ckpts = Checkpoints(JobConfig(checkpoint_dir=str(tmp_path)), lambda text: None)
+    program = SimpleNamespace(seed=0, optimizer_name="sgd")
+    ckpts.check(_checkpoint(1), program, [("w", [2])])
+    with pytest.raises(ConfigError, match="seed 1 / sgd"):
+        ckpts.check(_checkpoint(1, seed=1), program, [("w", [2])])
+    with pytest.raises(UserCodeError, match="does not match the model"):
+        ckpts.check(_checkpoint(1), program, [("w", [3])])
