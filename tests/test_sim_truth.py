@@ -161,3 +161,23 @@ def test_a_grid_comparison_runs_end_to_end_and_no_policy_beats_the_bound(tmp_pat
         assert data[policy]["config"]["truth"] == "grid" and data[policy]["jobs"] == 40
         assert data[policy]["gap_to_bound"] > 0
     assert data["oracle"]["avg_jct_s"] < data["elastic"]["avg_jct_s"]
+
+
+def test_a_users_own_grid_is_the_truth_the_simulator_follows(tmp_path, capsys):
+    """--truth-grid: a grid measured elsewhere. Here a PS-heavy job (speed grows with PS, falls with
+    workers): the oracle, deciding with the truth, runs its jobs with more PS than workers."""
+    rows = [{"ps": p, "workers": w, "runs": [100.0 * p / w]} for p in range(1, 5) for w in range(1, 5)]
+    path = tmp_path / "ps-heavy.json"
+    path.write_text(json.dumps({"grid": rows}))
+    work = synthetic_workload(20, seed=3)
+    own = simulate(work, SimConfig(nodes=16, seed=3, policy="oracle", truth="grid", truth_grid=str(path)))
+    default = simulate(work, SimConfig(nodes=16, seed=3, policy="oracle", truth="grid"))
+    shapes = [(p, w) for history in own.allocations.values() for _, p, w in history if p + w > 0]
+    ps_heavy = sum(p > w for p, w in shapes)
+    assert shapes and ps_heavy > 0.8 * len(shapes), shapes
+    assert own.config["truth_grid"] == str(path) and own.metrics["avg_jct_s"] != default.metrics["avg_jct_s"]
+    # through the CLI; and refused where no grid is read
+    argv = ["sim", "--truth", "grid", "--truth-grid", str(path), "--jobs", "5", "--nodes", "4", "--quiet"]
+    assert main(argv) == 0
+    assert main(["sim", "--truth-grid", str(path), "--jobs", "5", "--nodes", "4", "--quiet"]) == 2
+    assert "read only by the grid and mixed truths" in capsys.readouterr().err

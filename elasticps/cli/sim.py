@@ -184,6 +184,7 @@ def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) 
             job_speed_spread=args.job_spread,
             seed=seed,
             truth=args.truth,
+            truth_grid=args.truth_grid or "",
             event_rounds=not args.tick_rounds_only,
         )
         name = objective if args.objectives else policy
@@ -356,6 +357,11 @@ def add_parsers(sub: Any) -> None:
         help="the ground truth of PS jobs' speeds: optimus (the form the speed model fits), grid (every job "
         "follows the measured bench-shapes grid) or mixed (each job draws saturating PS bandwidth, straggling "
         "PS and workers, or the grid); grid and mixed report with the measured 14%% noise (elasticps/sim/truth.py)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--truth-grid", metavar="FILE",
+        help="with --truth grid or mixed: the speeds to follow, a JSON written by 'elasticps bench shapes' "
+        "(default: the project's own, docs/results/bench-shapes.json)",
     )  # fmt: skip
     sim.add_argument(
         "--compare", type=_names(SIM_POLICIES, "policy", "policies"),

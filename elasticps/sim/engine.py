@@ -58,7 +58,7 @@ from elasticps.sched.speed import PRIOR_PER_JOB, fleet_prior
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 from elasticps.sim.bound import lower_bound
-from elasticps.sim.truth import OPTIMUS, OPTIMUS_TRUTH, Truth, busiest_on_a_node, make_truth
+from elasticps.sim.truth import GRID_PATH, OPTIMUS, OPTIMUS_TRUTH, Truth, busiest_on_a_node, make_truth
 from elasticps.sim.workload import KINDS, WorkloadJob, job_speed_factor, noise_scale_at
 
 #: ``--policy oracle``: the elastic policy's decisions, admission and placement,
@@ -86,6 +86,7 @@ class SimConfig:
     job_speed_spread: float = 0.0  # jobs of one kind differ: each job's speed x lognormal(0, this)
     seed: int = 0
     truth: str = OPTIMUS  # elasticps.sim.truth.TRUTHS: the ground truth's speed surfaces
+    truth_grid: str = ""  # a `bench shapes` JSON the grid surface follows ("": the project's own, GRID_PATH)
     # Decide at once when a job arrives or ends, as the live manager does (Manager.run); False: only every
     # interval and when tenants change (how the simulator decided before).
     event_rounds: bool = True
@@ -224,7 +225,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     if not config.job_speed_spread >= 0:
         raise ConfigError(f"job speed spread is a lognormal sigma, at least 0, got {config.job_speed_spread:g}")
     check_fits(workload, config)
-    truth = make_truth(config.truth, config.seed)
+    if config.truth_grid and config.truth == OPTIMUS:
+        raise ConfigError("a truth grid is read only by the grid and mixed truths, not by optimus")
+    truth = make_truth(config.truth, config.seed, config.truth_grid or GRID_PATH)
     noise = truth.noise(config.noise)
     rng = random.Random(config.seed)
     oracle = config.policy == ORACLE
