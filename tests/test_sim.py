@@ -236,7 +236,7 @@ def _result(avg_jct_s: float, cpu_hours: float = 1.0):
 
 
 def test_a_seed_summary_counts_wins_among_non_oracle_policies_and_averages_the_gain():
-    from elasticps.sim.seeds import summarize
+    from elasticps.sim.seeds import seeds_verdict, summarize
 
     per_seed = {
         0: {n: _result(v) for n, v in {"static": 100.0, "greedy": 60.0, "elastic": 50.0, "oracle": 40.0}.items()},
@@ -255,6 +255,12 @@ def test_a_seed_summary_counts_wins_among_non_oracle_policies_and_averages_the_g
     assert "mean_gain_captured" not in without_oracle["elastic"]  # no oracle: no gain to capture
     with pytest.raises(ValueError, match="same policies"):
         summarize({0: per_seed[0], 1: {"static": _result(1.0)}})
+    # one line: greedy and elastic won 2 seeds each, greedy's mean is lower (220/3 against 230/3);
+    # against static -40%, -30%, -55%; gain 40/60, 30/60, 110/100
+    assert seeds_verdict(summary) == (
+        "greedy: the lowest avg JCT but the oracle's on 2 of 3 seeds; against static -42% on average, "
+        "-30% on its worst seed; 76% of the oracle's gain (worst seed 50%)"
+    )
 
 
 def test_a_seed_summary_gives_each_runs_change_against_the_first():
@@ -279,6 +285,7 @@ def test_cli_seeds_runs_each_seed_and_summarizes(tmp_path, capsys):
     assert main([*args, "--seed", "5", "--seeds", "2", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "best non-oracle" in table and "of 2" in table and "gap to bound" in table
+    assert "the lowest avg JCT but the oracle's on" in table.strip().splitlines()[-1]
     data = json.loads(out.read_text())
     assert set(data["per_seed"]) == {"5", "6"} and set(data["summary"]) == {"static", "elastic", "oracle"}
     elastic = data["summary"]["elastic"]

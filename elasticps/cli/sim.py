@@ -198,7 +198,7 @@ def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) 
 def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
     """``--seeds N``: the same comparison on seeds --seed .. --seed + N - 1; a
     table of each seed's avg JCT, then each policy's mean, wins and gain."""
-    from elasticps.sim.seeds import summarize
+    from elasticps.sim.seeds import seeds_verdict, summarize
 
     per_seed = {}
     for seed in range(args.seed, args.seed + args.seeds):
@@ -225,6 +225,8 @@ def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
         )
     if all("mean_gap_to_bound" in row for row in summary.values()):
         _print_worst(summary)
+    if len(summary) > 1:
+        print(seeds_verdict(summary))
     if args.json:
         data = {
             "summary": summary,

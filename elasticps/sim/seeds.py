@@ -74,3 +74,19 @@ def summarize(per_seed: dict[int, dict[str, SimResult]]) -> dict[str, dict[str, 
             out[name]["mean_gain_captured"] = statistics.fmean(gains[name])
             out[name]["min_gain_captured"] = min(gains[name])
     return out
+
+
+def seeds_verdict(summary: dict[str, dict[str, Any]]) -> str:
+    """One line: the non-oracle policy with the most seeds of lowest avg JCT (then the
+    lower mean), on how many, and its avg JCT against the first run's: mean and worst seed."""
+    first = next(iter(summary))
+    contenders = [name for name, row in summary.items() if "best_non_oracle" in row]
+    best = min(contenders, key=lambda n: (-summary[n]["best_non_oracle"], summary[n]["mean_avg_jct_s"]))
+    row = summary[best]
+    line = f"{best}: the lowest avg JCT but the oracle's on {row['best_non_oracle']} of {row['seeds']} seeds"
+    if best != first:
+        change = row["avg_jct_vs_first"]
+        line += f"; against {first} {change['mean']:+.0%} on average, {change['max']:+.0%} on its worst seed"
+    if "mean_gain_captured" in row:
+        line += f"; {row['mean_gain_captured']:.0%} of the oracle's gain (worst seed {row['min_gain_captured']:.0%})"
+    return line
