@@ -1,0 +1,215 @@
+"""The manager's parts one at a time, each against a real store and the
+in-memory runtime (elasticps.manager.fake): the job table's failures and
+backoff, a round's polls (observe), the views the policy reads (job_views).
+No Ray, no Manager: each part is built from what it needs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from elasticps.manager import Store, parse_spec
+from elasticps.manager.admission import Admission
+from elasticps.manager.fake import FakeJob, FakeRuntime
+from elasticps.manager.job_views import RoundReads, ViewBuilder
+from elasticps.manager.live import MAX_FAILURES, RESTART_BACKOFF_S, JobTable, LiveJob
+from elasticps.manager.metrics import ManagerMetrics
+from elasticps.manager.observe import Observer, event_kind, window_ends
+from elasticps.manager.priors import FleetPriors
+from elasticps.manager.rescale_costs import RescaleCosts
+from elasticps.manager.runtime import Launch, ProgramInfo
+from elasticps.manager.shipping import ShipPolicy
+from elasticps.manager.states import JobState
+from elasticps.runtime import JobConfig
+from elasticps.sched import Resources
+
+SPEC = """name: {name}
+program: elasticps.examples.digits:program
+ps: {{min: 1, max: 2, cpu: 0.5}}
+workers: {{min: 1, max: 4, cpu: 1}}
+"""
+
+
+class Parts:
+    """A store, a fake runtime, and the parts of a manager around one job table."""
+
+    def __init__(self, tmp_path, allow_programs: tuple[str, ...] | None = None) -> None:
+        self.store = Store(tmp_path / "m.db")
+        adaptive = ProgramInfo("digits", 64, 3, 1437, max_batch_size=256)  # the scheduler may pick its batch
+        self.runtime = FakeRuntime(programs={"elasticps.examples.digits:program": adaptive})
+        self.costs = RescaleCosts()
+        self.jobs = JobTable(self.store, self.costs)
+        self.admission = Admission(allow_programs, ShipPolicy.of(None, tmp_path), self.jobs)
+        self.views = ViewBuilder(
+            self.store, self.runtime, tmp_path, self.jobs, self.admission, FleetPriors(self.store), self.costs
+        )
+        self.observer = Observer(self.store, self.jobs, ManagerMetrics(lambda: None), self.costs)  # type: ignore[arg-type, return-value]
+
+    def add(self, name: str, now: float = 100.0):
+        spec = parse_spec(SPEC.format(name=name))
+        return self.store.add_job(spec, now, self.runtime.describe(spec))
+
+    def run(self, name: str, shape: tuple[int, int], now: float = 101.0, **fake) -> FakeJob:
+        """The job as the apply step leaves it: running in the store, its handle here."""
+        rec = self.store.get_job(name)
+        placement = {f"ps-{i}": "node-0" for i in range(shape[0])} | {f"worker-{i}": "node-0" for i in range(shape[1])}
+        launch = Launch(name, rec.spec.program, {}, JobConfig(), shape, placement)
+        handle = FakeJob(launch, rec.info, **fake)
+        self.store.transition(name, JobState.RUNNING, now, "started", kind="started")
+        self.jobs.live[name] = LiveJob(handle, shape, dict(placement))
+        return handle
+
+    def view(self, name: str, now: float = 200.0):
+        return self.views.view(self.store.get_job(name), now, RoundReads(), [Resources(cpu=8.0)])
+
+    def kinds(self, name: str) -> list[str]:
+        return [e[3] for e in self.store.events(name)]
+
+
+@pytest.fixture
+def parts(tmp_path):
+    return Parts(tmp_path)
+
+
+def limits(view) -> tuple[int, int, int, int]:
+    return view.min_ps, view.max_ps, view.min_workers, view.max_workers
+
+
+def test_a_starting_job_is_held_at_the_shape_asked_until_a_poll_shows_it_applied(parts):
+    parts.add("a")
+    parts.run("a", (1, 2), start_polls=1)
+    starting = parts.view("a")
+    assert limits(starting) == (1, 1, 2, 2) and starting.current == (1, 2)
+    assert starting.batch_sizes == ()  # no batch is chosen while it switches
+    assert starting.remaining_samples == 3 * 1437  # epochs x samples per epoch: nothing reported yet
+    parts.observer.collect(201.0)  # the start-up poll: "created", no shape applied yet
+    assert limits(parts.view("a")) == (1, 1, 2, 2)
+    parts.observer.collect(202.0)  # now it runs at 1x2 and has trained 10 steps
+    running = parts.view("a")
+    assert limits(running) == (1, 2, 1, 4)  # the spec's limits: the policy may move it again
+    assert running.batch_sizes == (64, 128, 256) and running.waited_s == 0.0
+    assert running.remaining_samples == 3 * 1437 - 10 * 64
+
+
+def test_a_rescale_in_flight_holds_the_view_at_the_new_shape(parts):
+    parts.add("a")
+    handle = parts.run("a", (1, 2), start_polls=0)
+    parts.observer.collect(201.0)
+    live = parts.jobs.live["a"]
+    live.asked = (2, 4)  # as the apply step leaves it after asking for a rescale
+    assert limits(parts.view("a")) == (2, 2, 4, 4)
+    handle.rescale(2, 4, {})
+    parts.observer.collect(202.0)  # applied at the step boundary
+    assert limits(parts.view("a")) == (1, 2, 1, 4)
+
+
+def test_a_waiting_jobs_view_counts_its_wait_and_a_job_no_longer_allowed_has_none(tmp_path):
+    parts = Parts(tmp_path, allow_programs=("elasticps.examples",))
+    parts.add("ok", now=100.0)
+    view = parts.view("ok", now=130.0)
+    assert view.current is None and view.waited_s == 30.0
+    parts.admission.allow_programs = ("elsewhere",)  # narrowed: checked again before each start, not each round
+    assert parts.view("ok", now=131.0) is not None
+    parts.add("later")
+    assert parts.view("later") is None  # never checked here: checked now, refused
+    rec = parts.store.get_job("later")
+    assert rec.state == JobState.FAILED and "not started again" in parts.store.events("later")[-1][4]
+
+
+def test_failures_in_a_row_back_off_longer_each_time_then_fail_the_job(parts):
+    parts.add("f")
+    now = 200.0
+    handle = parts.run("f", (1, 1), now=now)
+    for n in range(1, MAX_FAILURES):
+        live = parts.jobs.live["f"]
+        parts.jobs.stopped_by_failure("f", live, now, "JobFailedError: the node is gone")
+        assert "f" not in parts.jobs.live and (("f", live) in parts.jobs.to_close)
+        assert not parts.jobs.may_start("f", now + n * RESTART_BACKOFF_S - 1)
+        assert parts.jobs.may_start("f", now + n * RESTART_BACKOFF_S)
+        assert parts.jobs.backoff("f", now).reason.endswith(f"({n}/{MAX_FAILURES})")
+        parts.jobs.live["f"] = LiveJob(handle, (1, 1), {})  # started again
+    parts.jobs.stopped_by_failure("f", parts.jobs.live["f"], now, "JobFailedError: again")
+    assert parts.store.get_job("f").state == JobState.FAILED
+
+
+def test_a_program_error_fails_at_once_and_progress_clears_the_count(parts):
+    parts.add("p")
+    parts.add("q")
+    handle = parts.run("p", (1, 1))
+    parts.run("q", (1, 1))
+    assert parts.jobs.count_failure("p") == 1
+    parts.jobs.progressed("p")
+    assert parts.jobs.count_failure("p") == 1  # counted from its last progress
+    parts.jobs.stopped_by_failure("q", parts.jobs.live["q"], 200.0, "ProgramError: bad answer")
+    assert parts.store.get_job("q").state == JobState.FAILED
+    assert parts.jobs.stopping("q") and not handle.closed
+
+
+def test_a_released_jobs_tasks_count_as_held_until_drained(parts):
+    parts.add("r")
+    handle = parts.run("r", (1, 2))
+    held = parts.jobs.held()
+    assert held == {"node-0": Resources(cpu=0.5 + 2 * 1.0)}
+    parts.jobs.release("r", parts.jobs.live["r"])
+    assert parts.jobs.held() == held and parts.jobs.stopping("r")
+    parts.jobs.drain(threading.RLock())
+    assert parts.jobs.held() == {} and not parts.jobs.stopping("r")
+    assert handle.stopping and handle.closed and parts.jobs.ended["r"].name == "r"
+
+
+def test_an_allocation_is_recorded_when_a_poll_shows_it_applied_not_when_asked(parts):
+    parts.add("a")
+    handle = parts.run("a", (1, 2), start_polls=1)
+    parts.observer.collect(201.0)  # starting
+    assert parts.store.allocations("a") == []
+    parts.observer.collect(202.0)
+    assert [(p, w) for _, p, w, _ in parts.store.allocations("a")] == [(1, 2)]
+    handle.rescale(2, 3, {})
+    parts.observer.collect(203.0)
+    parts.observer.collect(204.0)  # the same shape again: recorded once
+    assert [(p, w) for _, p, w, _ in parts.store.allocations("a")] == [(1, 2), (2, 3)]
+    assert [(p, w) for p, w, *_ in parts.store.observations("a")] == [(1, 2), (2, 3), (2, 3)]
+    assert "runtime" in parts.kinds("a")  # the rescale's own event, stored
+
+
+def test_a_job_that_ran_and_ended_between_two_polls_gets_its_shape_and_final_state(parts):
+    parts.add("quick")
+    handle = parts.run("quick", (1, 1), start_polls=0, steps_per_poll=10_000)
+    assert parts.observer.collect(300.0)  # it ran all its steps and finished in one poll: news
+    ((at, p, w, _),) = parts.store.allocations("quick")
+    elapsed = handle.windows[0].elapsed_s
+    assert (p, w) == (1, 1) and at == pytest.approx(300.0 - elapsed)  # when its first window began
+    assert parts.store.get_job("quick").state == JobState.FINISHED and not parts.jobs.live
+
+
+def test_a_window_with_figures_the_scheduler_cannot_use_fails_the_job(parts):
+    parts.add("nan")
+    handle = parts.run("nan", (1, 1), start_polls=0, speed=lambda p, w: float("nan"))
+    assert parts.observer.collect(201.0)
+    assert parts.store.get_job("nan").state == JobState.FAILED
+    assert [n for n, _ in parts.jobs.to_close] == ["nan"] and not parts.jobs.live
+    assert handle.windows and parts.store.observations("nan") == []  # none of its figures reached the store
+
+
+def test_window_ends_space_a_polls_windows_by_what_they_lasted():
+    class W:
+        def __init__(self, elapsed_s: float) -> None:
+            self.elapsed_s = elapsed_s
+
+    # three windows of 2, 3 and 5 s, polled at t=100: the last ends now, the one before 5 s earlier, ...
+    assert window_ends([W(2.0), W(3.0), W(5.0)], 100.0) == [92.0, 95.0, 100.0]
+    assert window_ends([], 100.0) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("step 3: 1 worker(s) died; continuing with 2", "loss"),
+        ("step 3: node n1 is gone", "loss"),
+        ("step 3: checkpoint 40 is damaged; resuming from 20", "checkpoint"),
+        ("step 3: rescaled 1x1 -> 1x2", "runtime"),
+    ],
+)
+def test_runtime_events_are_stored_by_kind(text, kind):
+    assert event_kind(text) == kind
