@@ -421,6 +421,32 @@ def test_delete_frees_the_name_of_an_ended_job_only(env):
     assert manager.store.get_job("d").state == JobState.RUNNING and len(runtime.jobs["d"]) == 2
 
 
+def test_a_new_job_of_a_deleted_name_inherits_nothing_this_manager_held_of_the_old_one(env):
+    """After a delete the name is free: the new job shows no final report of the old one,
+    and says on its own why it can never fit (the old one's note does not stand for it)."""
+    manager, _, capacity = env
+    submit(manager, "d", cpu=6)
+    manager.step()
+    manager.step()  # it runs and trains
+    capacity.nodes = {"node-0": (4.0, 0.0)}  # the cluster shrinks: the job, cancelled and queued again, never fits
+    manager.cancel("d")
+    manager.step()
+    manager.retry("d")
+    manager.step()
+    assert [k for k in kinds(manager, "d") if k == "unfit"] == ["unfit"]
+    assert manager.report("d") is not None  # the old run's final report
+    manager.cancel("d")
+    manager.delete("d")
+    capacity.nodes = {"node-0": (8.0, 0.0)}
+    submit(manager, "d", cpu=6)
+    assert manager.report("d") is None  # nothing of the new job has run
+    capacity.nodes = {"node-0": (4.0, 0.0)}
+    manager.step()
+    assert [m for _, _, _, k, m in manager.store.events("d") if k == "unfit"] == [
+        "cannot fit: a worker needs 6 CPU, the largest node has 4 CPU"
+    ]
+
+
 def test_metrics_are_prometheus_families_that_follow_the_jobs(env):
     from prometheus_client.parser import text_string_to_metric_families
 

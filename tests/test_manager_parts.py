@@ -213,3 +213,17 @@ def test_window_ends_space_a_polls_windows_by_what_they_lasted():
 )
 def test_runtime_events_are_stored_by_kind(text, kind):
     assert event_kind(text) == kind
+
+
+def test_forgetting_a_deleted_job_drops_all_that_was_held_of_it(parts):
+    from elasticps.runtime.reports import RescaleRecord
+
+    parts.costs.observe("x", RescaleRecord(1, (1, 1), (1, 2), 10, 5.0, 2.0, True, new_tasks=1))
+    parts.costs.observe("y", RescaleRecord(1, (1, 1), (1, 2), 10, 0.1, 2.0, True, new_tasks=1))
+    assert parts.costs.of("x").pause_s == 5.0  # its own records first
+    parts.jobs.count_failure("x")
+    parts.jobs.not_before["x"] = 500.0
+    parts.jobs.unfit["x"] = "cannot fit: ..."
+    parts.jobs.forget("x")
+    assert parts.costs.of("x").pause_s == pytest.approx((5.0 + 0.1) / 2)  # every job's: the median of two
+    assert parts.jobs.may_start("x", 0.0) and parts.jobs.count_failure("x") == 1 and "x" not in parts.jobs.unfit

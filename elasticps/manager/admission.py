@@ -62,3 +62,7 @@ class Admission:
             return False
         self._admitted.add(rec.name)
         return True
+
+    def forget(self, name: str) -> None:
+        """A deleted job: a new job of its name is checked afresh."""
+        self._admitted.discard(name)

@@ -47,7 +47,6 @@ class Applier:
     jobs: JobTable
     admission: Admission
     report_interval_s: float
-    unfit: dict[str, str] = field(default_factory=dict)  # the "cannot fit" message last stored per job
     start_errors: dict[str, str] = field(default_factory=dict)  # this round's failed starts
 
     def apply(
@@ -141,12 +140,12 @@ class Applier:
             if view.current is not None:
                 continue
             problem = fit_problem(view, cluster)
-            if problem and self.unfit.get(view.id) != problem:
+            if problem and self.jobs.unfit.get(view.id) != problem:
                 self.store.add_event(now, view.id, "unfit", problem)
             if problem:
-                self.unfit[view.id] = problem
+                self.jobs.unfit[view.id] = problem
             else:
-                self.unfit.pop(view.id, None)
+                self.jobs.unfit.pop(view.id, None)
 
     def note_waiting(
         self, active: list[JobRecord], views: list[JobView], cluster: ClusterView, placed: dict, now: float

@@ -158,5 +158,6 @@ class Commands:
             self.priors.forget(name)
             shutil.rmtree(job_dir(self.workdir, name), ignore_errors=True)
             self.store.add_event(self.clock(), None, "deleted", f"job {name} deleted ({rec.state}); its name is free")
-            self.jobs.forget_failures(name)
+            self.jobs.forget(name)
+            self.admission.forget(name)
         return rec

@@ -89,6 +89,7 @@ class JobTable:
         self.closing: list[tuple[str, LiveJob]] = []  # being stopped and released now: their tasks still hold room
         self.failures: dict[str, int] = {}  # failures in a row with no progress, per job
         self.not_before: dict[str, float] = {}  # a job that failed starts again from then on
+        self.unfit: dict[str, str] = {}  # the "cannot fit" message last stored per job
         self._max_ended = max_ended_reports
 
     # -- handles
@@ -159,9 +160,17 @@ class JobTable:
         self.failures.pop(name, None)
 
     def forget_failures(self, name: str) -> None:
-        """A new run (a retry) or a deleted job: no failures, no wait."""
+        """A new run (a retry): no failures, no wait."""
         self.failures.pop(name, None)
         self.not_before.pop(name, None)
+
+    def forget(self, name: str) -> None:
+        """A deleted job: nothing held of it here may pass to a new job of its name."""
+        self.forget_failures(name)
+        self.ended.pop(name, None)
+        self.unfit.pop(name, None)
+        self.waiting.pop(name, None)
+        self.rescale_costs.forget(name)
 
     def may_start(self, name: str, now: float) -> bool:
         return self.not_before.get(name, float("-inf")) <= now

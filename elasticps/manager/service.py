@@ -216,7 +216,7 @@ class Manager:
             self.decisions.append((now, dict(decision)))
             self.metrics.decision_seconds.observe(time.perf_counter() - started)
             shapes = placed.shapes
-            moves = explain(views, decision, shapes, self.applier.unfit, cluster)
+            moves = explain(views, decision, shapes, self.jobs.unfit, cluster)
             self.history.round(now, moves)
             self.predicted = predicted(views)
             for rec in records:
