@@ -80,6 +80,11 @@ class ClusterGrowth(Protocol):
 
 
 class Manager:
+    """The facade over the manager's parts: commands go to :class:`Commands`, a
+    round (:meth:`step`) runs :class:`Observer`, :class:`ViewBuilder`, the policy
+    and placement, then :class:`Applier`; reads come from the store and the
+    :class:`JobTable`. Each part is built here from what it needs and nothing more."""
+
     def __init__(
         self,
         store: Store,
