@@ -6,6 +6,7 @@ No Ray, no Manager: each part is built from what it needs."""
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import pytest
 
@@ -136,14 +137,14 @@ def test_failures_in_a_row_back_off_longer_each_time_then_fail_the_job(parts):
 def test_a_program_error_fails_at_once_and_progress_clears_the_count(parts):
     parts.add("p")
     parts.add("q")
-    handle = parts.run("p", (1, 1))
-    parts.run("q", (1, 1))
+    parts.run("p", (1, 1))
+    handle = parts.run("q", (1, 1))
     assert parts.jobs.count_failure("p") == 1
     parts.jobs.progressed("p")
     assert parts.jobs.count_failure("p") == 1  # counted from its last progress
     parts.jobs.stopped_by_failure("q", parts.jobs.live["q"], 200.0, "ProgramError: bad answer")
     assert parts.store.get_job("q").state == JobState.FAILED
-    assert parts.jobs.stopping("q") and not handle.closed
+    assert parts.jobs.stopping("q") and not handle.closed  # released: the loop's drain closes it
 
 
 def test_a_released_jobs_tasks_count_as_held_until_drained(parts):
@@ -156,6 +157,45 @@ def test_a_released_jobs_tasks_count_as_held_until_drained(parts):
     parts.jobs.drain(threading.RLock())
     assert parts.jobs.held() == {} and not parts.jobs.stopping("r")
     assert handle.stopping and handle.closed and parts.jobs.ended["r"].name == "r"
+
+
+class CountingLock:
+    """A stand-in for the manager's lock that says whether it is held now."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+
+
+def test_final_reports_are_kept_and_trimmed_under_the_lock(parts):
+    """drain stops tasks outside the manager's lock, but a delete (an API thread)
+    forgets a name's final report under it: drain keeps and trims them under it too."""
+    lock = CountingLock()
+    held_when: list[tuple[str, int]] = []
+
+    class Ended(OrderedDict):
+        def __setitem__(self, key, value) -> None:
+            held_when.append(("keep", lock.depth))
+            super().__setitem__(key, value)
+
+        def popitem(self, last: bool = True):
+            held_when.append(("trim", lock.depth))
+            return super().popitem(last)
+
+    jobs = JobTable(parts.store, parts.costs, max_ended_reports=1)
+    jobs.ended = Ended()
+    for name in ("a", "b"):
+        parts.add(name)
+        parts.run(name, (1, 1))
+        jobs.release(name, parts.jobs.live.pop(name))
+    jobs.drain(lock)  # type: ignore[arg-type]
+    assert list(jobs.ended) == ["b"]  # one report kept: the older one trimmed
+    assert held_when == [("keep", 1), ("keep", 1), ("trim", 1)]
 
 
 def test_an_allocation_is_recorded_when_a_poll_shows_it_applied_not_when_asked(parts):

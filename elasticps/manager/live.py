@@ -118,18 +118,22 @@ class JobTable:
 
     def drain(self, lock: threading.RLock) -> None:
         """Stop and release the handles queued by commands and retirements
-        (outside the lock: releasing tasks takes a while)."""
+        (outside the lock: releasing tasks takes a while). The final report is
+        kept under the lock: a delete forgets a name's report from an API thread."""
         with lock:
             closing, self.to_close = self.to_close, []
             self.closing += closing
         for name, live in closing:
             live.handle.stop()
             try:
-                self.ended[name] = live.handle.report()
-                while len(self.ended) > self._max_ended:
-                    self.ended.popitem(last=False)
+                report = live.handle.report()
             except ElasticPSError:
                 pass  # its driver is gone with its report
+            else:
+                with lock:
+                    self.ended[name] = report
+                    while len(self.ended) > self._max_ended:
+                        self.ended.popitem(last=False)
             live.handle.close()
             with lock:
                 self.closing = [(n, x) for n, x in self.closing if x is not live]
