@@ -1,17 +1,20 @@
-"""The runtime's pieces without Ray: requests, shape changes, recovery, checkpoints."""
+"""The runtime's pieces without Ray: requests, shape changes, recovery, checkpoints,
+the data position, the task lists (with fake tasks)."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from elasticps.errors import ConfigError, PlacementError, UserCodeError
+from elasticps.runtime import tasks
 from elasticps.runtime.checkpoint import Checkpoint
 from elasticps.runtime.config import JobConfig
-from elasticps.runtime.data import DataPosition
+from elasticps.runtime.data import DataPosition, GlobalBatches
 from elasticps.runtime.membership import (
     PendingChange,
     Requests,
@@ -22,9 +25,11 @@ from elasticps.runtime.membership import (
     rescale_outcome,
     wanted,
 )
+from elasticps.runtime.progress import Progress
 from elasticps.runtime.recovery import Checkpoints, RecoveryPlan, plan_recovery
 from elasticps.runtime.reports import RescaleRecord
 from elasticps.runtime.shard_state import ShardState
+from elasticps.runtime.task_group import TaskGroup
 
 CPU = {"CPU": 1.0}
 
@@ -228,3 +233,115 @@ def test_a_checkpoint_of_another_program_or_model_is_refused(tmp_path):
         ckpts.check(_checkpoint(1, seed=1), program, [("w", [2])])
     with pytest.raises(UserCodeError, match="does not match the model"):
         ckpts.check(_checkpoint(1), program, [("w", [3])])
+
+
+# --------------------------------------------------------------- progress
+def _progress(num_samples: int = 10, batch: int = 4, epochs: int = 2) -> Progress:
+    program = SimpleNamespace(batch_size=batch, epochs=epochs, lr_at=lambda step, m: 0.1 * m / 4)
+    p = Progress(program, threading.RLock())
+    p.batches = GlobalBatches(seed=0, num_samples=num_samples, batch_size=batch, shuffle=False)
+    return p
+
+
+def test_sync_batches_walk_the_epoch_and_report_its_end():
+    p = _progress(num_samples=10, batch=4, epochs=2)
+    assert p.samples_per_epoch() == 10 and p.remaining_samples() == 20
+    ended = []
+    for _ in range(3):  # 4 + 4 + 2 samples: the third step ends epoch 0
+        idx, nxt, upcoming = p.next_batch()
+        p.step += 1
+        ended.append(p.advance(len(idx), nxt))
+    assert ended == [None, None, 0]
+    assert p.position == DataPosition(1, 0) and p.samples_seen == 10 and p.remaining_samples() == 10
+    idx, nxt, upcoming = p.next_batch()
+    assert list(idx) == [0, 1, 2, 3] and list(upcoming) == [4, 5, 6, 7]
+
+
+def test_no_batch_is_read_ahead_past_the_last_epoch():
+    p = _progress(num_samples=10, batch=4, epochs=1)
+    p.position = DataPosition(0, 8)
+    idx, nxt, upcoming = p.next_batch()
+    assert list(idx) == [8, 9] and nxt == DataPosition(1, 0) and upcoming is None
+    p.advance(len(idx), nxt)
+    assert p.done and p.remaining_samples() == 0
+
+
+def test_async_hand_out_moves_the_position_and_count_the_step():
+    p = _progress(num_samples=10, batch=4)
+    assert list(p.hand_out(3)) == [0, 1, 2] and list(p.hand_out(3)) == [3, 4, 5]
+    assert p.position == DataPosition(0, 6) and p.step == 0  # handed out, not yet trained
+    p.count(3)
+    assert (p.step, p.samples_seen) == (1, 3)
+
+
+def test_the_lr_follows_the_global_batch():
+    p = _progress(batch=4)
+    assert p.lr() == pytest.approx(0.1)
+    p.batch_size = 8
+    assert p.lr() == pytest.approx(0.2)
+
+
+def test_an_epoch_report_times_the_epoch_from_its_clock():
+    p = _progress()
+    p.samples_seen = 100
+    p.start_epoch_clock(now=10.0)
+    p.step, p.samples_seen = 7, 400
+    report = p.end_epoch(0, now=13.0, loss=0.5, noise_scale=None, metric=0.9, metrics={}, shape=(2, 3))
+    # 300 samples in 3 s
+    assert report.samples_per_s == pytest.approx(100.0) and report.elapsed_s == pytest.approx(3.0)
+    assert (report.step, report.num_ps, report.num_workers, report.batch_size) == (7, 2, 3, 4)
+    assert p.epochs == [report]
+
+
+def test_resume_goes_back_to_the_checkpoint():
+    p = _progress()
+    p.step, p.position, p.samples_seen = 9, DataPosition(1, 4), 30
+    p.resume(_checkpoint(3))
+    assert (p.step, p.position, p.samples_seen) == (3, DataPosition(0, 3), 3)
+
+
+# ------------------------------------------------------------- task group
+@dataclass
+class _Handle:
+    name: str
+
+
+def _task(kind: str, name: str, node: str) -> tasks.Task:
+    return tasks.Task(kind, _Handle(name), node, pid=0)  # type: ignore[arg-type]
+
+
+def test_an_install_fills_slots_tells_joiners_first_and_retires_what_it_drops(monkeypatch):
+    retired: list[list[str]] = []
+    monkeypatch.setattr(tasks, "retire", lambda handles: retired.append([h.name for h in handles]))
+
+    def names(g: TaskGroup) -> list[str]:
+        return [t.handle.name for t in g.ps + g.workers]
+
+    seen: list[tuple[list[str], list[str]]] = []  # (the joiners, the tasks running when told)
+    group = TaskGroup(threading.RLock(), on_join=lambda ws: seen.append(([w.handle.name for w in ws], names(group))))
+    p0, w0, w1 = _task("ps", "p0", "a"), _task("worker", "w0", "a"), _task("worker", "w1", "b")
+    group.install(Shape(1, 2), {0: p0}, {0: w0, 1: w1}, None, step=0)
+    assert names(group) == ["p0", "w0", "w1"] and seen == [(["w0", "w1"], [])]
+    # 1x2 -> 1x2 with worker-1 replaced: only the new worker joins, before the switch; w1 retires
+    w2 = _task("worker", "w2", "c")
+    group.install(Shape(1, 2), {}, {1: w2}, None, step=5)
+    assert seen[-1] == (["w2"], ["p0", "w0", "w1"])
+    assert names(group) == ["p0", "w0", "w2"] and retired[-1] == ["w1"]
+    assert group.placement() == {"ps-0": "a", "worker-0": "a", "worker-1": "c"}
+    assert group.nodes_used == {"a", "b", "c"}
+    # a shrink to 1x1 starts nothing and drops the last worker
+    group.install(Shape(1, 1), {}, {}, None, step=6)
+    assert names(group) == ["p0", "w0"] and retired[-1] == ["w2"] and len(seen) == 2
+
+
+def test_removing_dead_tasks_kills_them_and_closes_the_gap(monkeypatch):
+    killed: list[str] = []
+    monkeypatch.setattr(tasks, "retire", lambda handles: None)
+    monkeypatch.setattr(tasks, "kill", lambda handle: killed.append(handle.name))
+    group = TaskGroup(threading.RLock())
+    ws = [_task("worker", f"w{i}", "a") for i in range(3)]
+    group.install(Shape(1, 3), {0: _task("ps", "p0", "a")}, dict(enumerate(ws)), None, step=0)
+    group.remove([ws[1]])
+    assert killed == ["w1"] and [w.handle.name for w in group.workers] == ["w0", "w2"]
+    assert group.placement() == {"ps-0": "a", "worker-0": "a", "worker-1": "a"}
+    assert not group.shards_change(list(group.ps)) and group.shards_change([])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,3 +35,22 @@ def evaluate(
             weighted += float(program.metric(forward(model, x), y)) * len(idx)
             total += len(idx)
     return weighted / total
+
+
+class Evaluator:
+    """A program's metric for the job's parameters, with its eval model and
+    data built once (at the first evaluation)."""
+
+    def __init__(self, program: TrainingProgram) -> None:
+        self.program = program
+        self._model: nn.Module | None = None
+        self._data: Any = None
+
+    def __call__(self, params: Callable[[], np.ndarray]) -> float | None:
+        """The metric of ``params()`` (not called if the program has no metric)."""
+        if self.program.metric is None:
+            return None
+        if self._model is None:
+            self._model = self.program.build_model()
+            self._data = self.program.build_eval_dataset()
+        return evaluate(self.program, params(), self._model, self._data)

@@ -11,6 +11,7 @@ snapshot taken at a step boundary), takes each epoch's reports at its end
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import ray
@@ -18,6 +19,7 @@ import ray
 from elasticps.errors import JobFailedError
 from elasticps.runtime import tasks
 from elasticps.runtime.reports import MetricReport
+from elasticps.runtime.task_group import TaskGroup
 
 #: How long the loops may take after the last step (their last evaluation) before the job ends anyway.
 FINISH_TIMEOUT_S = 300.0
@@ -83,3 +85,55 @@ def finish(
         except ray.exceptions.RayError as exc:
             raise JobFailedError(f"the training loop failed after its last step: {exc}") from exc
     return step_metrics(outs), (outs[0]["state"] if outs else None)
+
+
+class LoopState:
+    """What the controller keeps of the users' loops between steps.
+
+    ``state``: the registered state of the first worker's loop as of step
+    ``state_at`` (what a checkpoint holds); ``joiners``: ``{id(worker handle):
+    registered state}`` for workers whose loop starts at the next step;
+    ``metrics``: the reports the loops made (the newest ``keep``);
+    ``finished``: the loops ran to their end. ``lock``: the controller's."""
+
+    def __init__(self, lock: threading.RLock, keep: int) -> None:
+        self._lock = lock
+        self._keep = keep
+        self.metrics: list[MetricReport] = []
+        self.joiners: dict[int, bytes | None] = {}
+        self.state: bytes | None = None
+        self.state_at = -1
+        self.finished = False
+
+    def add_metrics(self, records: list[MetricReport]) -> None:
+        with self._lock:
+            self.metrics.extend(new_reports(self.metrics, records))
+            del self.metrics[: -self._keep]
+
+    def snapshot(self, group: TaskGroup, step: int, next_epoch: int | None) -> None:
+        """The registered state now, from the first worker (kept as is once the
+        loops ended; taken once per step: a loop waits at the boundary after
+        its snapshot, so its state cannot change before the next step)."""
+        if group.workers and not self.finished and self.state_at != step:
+            self.state_at = step
+            self.state, metrics = snapshot(group.workers[0], group.param_refs, group.bounds, step, next_epoch)
+            self.add_metrics(metrics)
+
+    def finish(self, group: TaskGroup, step: int) -> None:
+        metrics, self.state = finish(group.workers, group.param_refs, group.bounds, step)
+        self.add_metrics(metrics)
+        self.finished = True
+
+    def join(self, workers: list[tasks.Task]) -> None:
+        """``workers`` start with the state last snapshotted."""
+        self.joiners.update({id(w.handle): self.state for w in workers})
+
+    def resume(self, state: bytes | None, step: int, workers: list[tasks.Task]) -> None:
+        """Go back to a checkpoint's state: every one of ``workers`` starts from it."""
+        self.state, self.state_at = state, step
+        self.joiners = {id(w.handle): state for w in workers}
+
+    def stepped(self, stats: list[dict[str, Any]]) -> None:
+        """A step stood: every loop in it has its state; keep its reports."""
+        self.joiners = {}
+        self.add_metrics(step_metrics(stats))

@@ -1,0 +1,220 @@
+"""The PS step protocol: one ``sync`` step, or one segment of ``async`` steps.
+
+Per ``sync`` step t with P shards and W workers::
+
+    worker w: params <- ray.get(param refs of step t)      (pull)
+              g_w    <- grad(sum of loss over its samples) / M   (compute)
+              returns [stats, g_w[shard 0], ..., g_w[shard P-1]]  (push)
+    shard j:  p_j    <- opt(p_j, sum_w g_w[shard j])        (update)
+              returns p_j, which are the param refs of step t+1
+
+The sum over workers is the global-batch mean gradient whatever W is, and the
+optimizers are elementwise, so the update does not depend on (P, W).
+
+These functions make the Ray calls of steps on a fixed :class:`TaskGroup` and
+say what came back; they change neither the group nor the job's step. The
+caller (the controller) accounts a step that stands and recovers from one that
+failed, between two steps: a shard applies a step whole or not at all, and
+:class:`SyncResult` says whether every shard, none or some applied it (the
+last leaves the shards torn, which :mod:`elasticps.runtime.recovery` restores).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from elasticps.runtime import tasks
+from elasticps.runtime.data import split_evenly
+from elasticps.runtime.task_group import TaskGroup
+
+
+def worker_seed(seed: int, step: int, rank: int) -> int:
+    """Seed of a worker's torch RNG at a step (dropout masks and the like)."""
+    return (seed * 1_000_003 + step * 7919 + rank) % (2**63)
+
+
+def get_each(refs: list[Any]) -> tuple[list[Any], ray.exceptions.RayError | None]:
+    """Every value that arrived (None for the failed ones) and the first error."""
+    values: list[Any] = []
+    first: ray.exceptions.RayError | None = None
+    for ref in refs:
+        try:
+            values.append(ray.get(ref))
+        except ray.exceptions.RayError as exc:
+            values.append(None)
+            first = first or exc
+    return values, first
+
+
+@dataclass
+class SyncResult:
+    """What one sync step gave back.
+
+    ``done``: the workers whose statistics came back, with them; ``infos``:
+    each shard's update statistics (None: its update failed); ``param_refs``:
+    each shard's parameters after the step; ``stats_error``/``apply_error``:
+    the first error of the workers' and of the shards' calls."""
+
+    done: list[tuple[tasks.Task, dict[str, Any]]]
+    infos: list[dict[str, float] | None]
+    param_refs: list[Any]
+    stats_error: ray.exceptions.RayError | None
+    apply_error: ray.exceptions.RayError | None
+
+    @property
+    def applied(self) -> int:
+        return sum(i is not None for i in self.infos)
+
+    @property
+    def complete(self) -> bool:
+        """Every shard applied the step: it stands (even if a worker died after its gradient was in)."""
+        return self.applied == len(self.infos)
+
+
+def sync_step(
+    group: TaskGroup,
+    step: int,
+    idx: np.ndarray,
+    upcoming: np.ndarray | None,
+    lr: float,
+    seed: int,
+    measure: bool,
+    loop: tuple[int, dict[int, bytes | None]] | None = None,
+) -> SyncResult:
+    """One bulk-synchronous step on global batch ``idx``. Updates are submitted
+    with the worker calls; each shard waits for the gradients itself, so a step
+    costs the caller one round trip.
+
+    ``upcoming``: what the workers most likely read next (read while this step
+    runs). ``loop``: for a user's own loop, ``(epoch, {id(worker handle):
+    registered state for its first step})``: every worker's loop takes part,
+    if only with a padding sample, and the lr comes from the first worker."""
+    ps, workers = group.ps, group.workers
+    nexts = split_evenly(upcoming, len(workers)) if upcoming is not None else [None] * len(workers)
+    calls = []
+    for rank, (w, part, nxt) in enumerate(zip(workers, split_evenly(idx, len(workers)), nexts, strict=True)):
+        extra = {}
+        if loop is not None:
+            epoch, joiners = loop
+            extra = {"epoch": epoch, "pad": len(part) == 0, "user_state": joiners.get(id(w.handle))}
+            part = part if len(part) else idx[:1]
+        if len(part) == 0:
+            continue
+        refs = w.handle.step.options(num_returns=len(ps) + 1).remote(
+            step,
+            part,
+            group.param_refs,
+            group.bounds,
+            len(idx),
+            worker_seed(seed, step, rank),
+            measure,
+            [p.node_id == w.node_id for p in ps],
+            nxt,
+            **extra,
+        )
+        calls.append((w, refs))
+    if loop is not None:  # the lr and other hyperparameters of the user's optimizer: from the first worker
+        lr = calls[0][1][0]
+    grads = [[refs[j + 1] for _, refs in calls] for j in range(len(ps))]
+    norms = None
+    if loop is not None and len(ps) > 1:  # shards sum first and share their norms: a loop may clip globally
+        norms = [p.handle.reduce.remote(step, g, lr) for p, g in zip(ps, grads, strict=True)]
+        grads = [[] for _ in ps]
+    applies = [
+        p.handle.apply.options(num_returns=2).remote(
+            step,
+            grads[j],
+            measure,
+            any(w.node_id != p.node_id for w in workers),
+            lr,
+            *([norms] if norms is not None else []),
+        )
+        for j, p in enumerate(ps)
+    ]
+    stats, stats_error = get_each([refs[0] for _, refs in calls])
+    infos, apply_error = get_each([a[0] for a in applies])
+    done = [(w, s) for (w, _), s in zip(calls, stats, strict=True) if s is not None]
+    return SyncResult(done, infos, [a[1] for a in applies], stats_error, apply_error)
+
+
+@dataclass
+class AsyncFailure:
+    """A failed async step: the error, and whether it hit the update (shards may be torn)."""
+
+    error: ray.exceptions.RayError
+    ps_inconsistent: bool
+
+
+def async_segment(
+    group: TaskGroup,
+    seed: int,
+    step: Callable[[], int],
+    hand_out: Callable[[], np.ndarray],
+    keep_going: Callable[[], bool],
+    lr: Callable[[], float],
+    max_staleness: int | None,
+    drain_timeout_s: float,
+    applied: Callable[[dict[str, Any], list[dict[str, float]], tasks.Task, float], None],
+    discarded: Callable[[int, int], None],
+) -> AsyncFailure | None:
+    """Async steps until ``keep_going()`` says stop, then drain.
+
+    Each worker always has one step in flight. When one returns, its gradient
+    is applied at once (unless staler than ``max_staleness``: then
+    ``discarded(rank, staleness)``), ``applied(stats, infos, worker, wall_s)``
+    is told (it moves ``step()`` on), and the worker gets the next samples
+    (``hand_out()``, which moves the data position) with the newest
+    parameters. After a failure, the steps in flight are let finish and the
+    failure is returned; samples that were in flight are not revisited (async
+    training is not exact anyway)."""
+    in_flight: dict[Any, tuple[int, tasks.Task, list[Any], int, float]] = {}
+
+    def dispatch(rank: int, w: tasks.Task) -> None:
+        idx = hand_out()
+        at = step()
+        refs = w.handle.step.options(num_returns=len(group.ps) + 1).remote(
+            at, idx, group.param_refs, group.bounds, len(idx), worker_seed(seed, at, rank)
+        )
+        in_flight[refs[0]] = (rank, w, refs, at, time.perf_counter())
+
+    def drain() -> None:
+        """Let in-flight steps finish (or fail) so that no one writes behind our back."""
+        if in_flight:
+            ray.wait(list(in_flight), num_returns=len(in_flight), timeout=drain_timeout_s)
+        in_flight.clear()
+
+    for rank, w in enumerate(group.workers):
+        if keep_going():
+            dispatch(rank, w)
+    while in_flight:
+        [done], _ = ray.wait(list(in_flight), num_returns=1)
+        rank, w, refs, version, t0 = in_flight.pop(done)
+        try:
+            stats = ray.get(done)
+        except ray.exceptions.RayError as exc:
+            drain()
+            return AsyncFailure(exc, ps_inconsistent=False)
+        staleness = step() - version
+        if max_staleness is not None and staleness > max_staleness:
+            discarded(rank, staleness)
+        else:
+            try:
+                applies = [
+                    p.handle.apply.options(num_returns=2).remote(step(), [refs[j + 1]], False, True, lr())
+                    for j, p in enumerate(group.ps)
+                ]
+                infos = ray.get([a[0] for a in applies])
+            except ray.exceptions.RayError as exc:
+                drain()
+                return AsyncFailure(exc, ps_inconsistent=True)
+            group.param_refs = [a[1] for a in applies]
+            applied(stats, infos, w, time.perf_counter() - t0)
+        if keep_going():
+            dispatch(rank, w)
+    return None
