@@ -26,8 +26,9 @@ from elasticps.runtime.membership import (
     wanted,
 )
 from elasticps.runtime.progress import Progress
-from elasticps.runtime.recovery import Checkpoints, RecoveryPlan, plan_recovery
+from elasticps.runtime.recovery import Checkpoints, Recovery, RecoveryPlan, plan_recovery
 from elasticps.runtime.reports import RescaleRecord
+from elasticps.runtime.rescale import JobHooks, Rescaler
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.task_group import TaskGroup
 
@@ -176,6 +177,14 @@ def test_no_release_when_it_would_leave_no_worker():
         {"ps": ["a"], "worker": ["a"]}, {"ps": [None], "worker": ["b"]}, {"ps": CPU, "worker": CPU}, lambda new: False
     )
     assert plan is None
+
+
+def test_a_pending_change_is_stale_once_a_task_it_keeps_is_gone():
+    kept_ps, kept_worker, other = object(), object(), object()
+    pending = PendingChange(1, Shape(1, 2), {}, {1: "w"}, 0.0, "request", {0: kept_ps}, {0: kept_worker})
+    assert not pending.stale([kept_ps, kept_worker, other])
+    assert pending.stale([kept_ps, other])  # the kept worker died
+    assert pending.stale([other, kept_worker])  # the PS were replaced by a restore
 
 
 def test_a_pending_change_is_applied_once_running_and_given_up_after_the_timeout():
@@ -345,3 +354,61 @@ def test_removing_dead_tasks_kills_them_and_closes_the_gap(monkeypatch):
     assert killed == ["w1"] and [w.handle.name for w in group.workers] == ["w0", "w2"]
     assert group.placement() == {"ps-0": "a", "worker-0": "a", "worker-1": "a"}
     assert not group.shards_change(list(group.ps)) and group.shards_change([])
+
+
+# --------------------------------------------- recovery with a rescale pending
+class _Actor:
+    """A fake actor handle: ``handle.method.remote(*args)`` records the call and returns ``method``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[str] = []
+
+    def __getattr__(self, method: str) -> SimpleNamespace:
+        return SimpleNamespace(remote=lambda *args, **kw: self.calls.append(method) or method)
+
+
+def test_a_restore_of_the_ps_cancels_a_pending_rescale_that_keeps_the_old_shards(tmp_path, monkeypatch):
+    """A rescale 2x1 -> 2x2 is starting its new worker (it keeps both running
+    PS) when PS 1 dies: the restore replaces both PS, so the pending change
+    must not switch back to the killed ones; its request is launched again."""
+    from elasticps.runtime import task_group
+
+    dead, killed = {"p1"}, []
+    monkeypatch.setattr(task_group, "ray", SimpleNamespace(get=lambda refs: refs))
+    monkeypatch.setattr(tasks, "is_alive", lambda handle, timeout_s: handle.name not in dead)
+    monkeypatch.setattr(tasks, "kill", lambda handle: killed.append(handle.name))
+    monkeypatch.setattr(tasks, "retire", lambda handles: None)
+    monkeypatch.setattr(tasks, "wait_ready", lambda pending, timeout_s, names: [p.task for p in pending])
+
+    def task(kind: str, name: str) -> tasks.Task:
+        return tasks.Task(kind, _Actor(name), "n", 0)  # type: ignore[arg-type]
+
+    def starting(t: tasks.Task) -> SimpleNamespace:
+        return SimpleNamespace(handle=t.handle, task=t)
+
+    config = JobConfig(checkpoint_dir=str(tmp_path))
+    lock = threading.RLock()
+    group = TaskGroup(lock)
+    p0, p1, w0 = task("ps", "p0"), task("ps", "p1"), task("worker", "w0")
+    group.install(Shape(2, 1), {0: p0, 1: p1}, {0: w0}, None, step=0)
+    requests = Requests(Shape(2, 1), lock)
+    events: list[str] = []
+    hooks = JobHooks(events.append, lambda: None, lambda: 4)
+    rescaler = Rescaler(None, config, group, requests, hooks)
+    rid = requests.ask(Shape(2, 2))
+    new_worker = task("worker", "w1")
+    rescaler.pending = PendingChange(rid, Shape(2, 2), {}, {1: starting(new_worker)}, 0.0, "request", {0: p0, 1: p1})
+    new_ps = {0: starting(task("ps", "q0")), 1: starting(task("ps", "q1"))}
+    monkeypatch.setattr(
+        rescaler,
+        "launch",
+        lambda shape, request_id, reason, strict: PendingChange(request_id, shape, new_ps, {}, 0.0, reason),
+    )
+    checkpoints = Checkpoints(config, events.append)
+    checkpoints.save(_checkpoint(2))
+    Recovery(rescaler, checkpoints, hooks, lambda ckpt: None).recover(RuntimeError("lost"))
+
+    assert [t.handle.name for t in group.ps] == ["q0", "q1"] and {"p0", "p1"} <= set(killed)
+    assert rescaler.pending is None and "w1" in killed  # its new worker is stopped too
+    assert requests.unlaunched(None)  # the next boundary starts the request again, on the new shards

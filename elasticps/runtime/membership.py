@@ -234,6 +234,12 @@ class PendingChange:
     def names(self) -> list[str]:
         return [task_name("ps", i) for i in self.new_ps] + [task_name("worker", i) for i in self.new_workers]
 
+    def stale(self, running: list[Any]) -> bool:
+        """Whether it keeps a task that is not among ``running`` any more (a
+        recovery removed or replaced it): switching to it would bring that task back."""
+        alive = {id(t) for t in running}
+        return any(id(t) not in alive for t in [*self.kept_ps.values(), *self.kept_workers.values()])
+
     def verdict(self, all_running: bool, now: float, timeout_s: float) -> Literal["apply", "give_up"] | None:
         """At a boundary: switch to it once every new task runs; give up after
         ``timeout_s``; else wait (None)."""

@@ -13,6 +13,11 @@ What a failed step may have left, and what restores it:
 - a PS shard died: the same restore, onto new shards;
 - no task died: the program's own code failed (:class:`UserCodeError`).
 
+A shape change whose new tasks were starting keeps running tasks by
+identity; if the recovery removed one of them, the change is cancelled and
+its request started again at the next boundary (switching to it would bring
+the dead task back, and a killed PS fails the switch).
+
 The caller (the job's step) says which of the first cases it was by
 ``ps_inconsistent``; the liveness of the tasks says the rest. A restore
 happens between two steps like any shape change, so the next step reads whole
@@ -144,6 +149,7 @@ class Recovery:
             if not plan.replace:
                 raise JobFailedError("every worker died and replace_dead_workers is off") from exc
             self._replace_workers()
+        self.rescaler.drop_stale()  # a shape change that was starting may keep tasks just removed
 
     def _replace_workers(self) -> None:
         pending = self.rescaler.launch(self.requests.target, self.requests.applied, "replace", strict=False)

@@ -240,6 +240,17 @@ class Rescaler:
             tasks.kill(p.handle)
         self.pending = None
 
+    def drop_stale(self) -> None:
+        """Cancel a pending change that keeps tasks a recovery removed. Its
+        request stays unapplied, so the next boundary starts it again against
+        the tasks there are."""
+        pending = self.pending
+        if pending is None or not pending.stale(self.group.ps + self.group.workers):
+            return
+        self.cancel_pending()
+        shape = pending.shape
+        self._event(f"the rescale to {shape.num_ps}x{shape.num_workers} kept tasks that are gone: starting it again")
+
     def fail_request(self, request_id: int, shape: Shape, error: str, launch_s: float) -> None:
         with self._lock:
             current = self.group.counts()
