@@ -706,3 +706,47 @@ def test_a_policy_option_no_policy_takes_is_an_error_that_lists_the_valid_ones(t
     with pytest.raises(ConfigError, match=r"policy 'static' has no option 'spare_z' \(its options: none\)"):
         Manager(Store(tmp_path / "m.db"), tmp_path, policy="static", runtime=FakeRuntime(), capacity=FakeCapacity(),
                 policy_options={"spare_z": 1.0})  # fmt: skip
+
+
+def test_a_round_on_an_arrival_or_an_end_only_starts_waiting_jobs(env):
+    """elasticps.sched.rounds: full rounds (the interval, limits, capacity) move running jobs; a round on
+    a submit or a job's end holds them at their shapes and starts what waits in the free room."""
+    manager, _, _ = env
+    submit(manager, "a")
+    assert manager.step() == {"a": (1, 1)}
+    for _ in range(4):  # a has room to grow into (8 CPUs), but these rounds hold it
+        assert manager.step(full=False) == {"a": (1, 1)}
+    submit(manager, "b")
+    assert manager.step(full=False) == {"a": (1, 1), "b": (1, 1)}  # b starts in the free room at once
+    moved = [manager.step() for _ in range(4)]
+    assert any(d["a"] != (1, 1) for d in moved), moved  # a full round moves it (the policy explores it)
+
+
+def test_the_loop_runs_a_full_round_on_new_limits_and_an_admission_round_on_a_submit(env):
+    manager, _, _ = env
+    calls = []
+    manager.step = lambda full=True: calls.append(full) or {}
+    stop = threading.Event()
+    loop = threading.Thread(target=manager.run, args=(3600.0, stop), kwargs={"watch_s": 0.05})
+    loop.start()
+    try:
+        _wait_for(lambda: calls == [True])  # the first round is due
+        submit(manager, "a")
+        _wait_for(lambda: calls == [True, False])
+        manager.set_limits("a", LimitsPatch(workers=Range(max=2)))
+        _wait_for(lambda: calls == [True, False, True])
+    finally:
+        stop.set()
+        manager.wake.set()
+        loop.join(10)
+    assert not loop.is_alive()
+    del manager.step  # the fixture's last round is a real one
+
+
+def _wait_for(condition, timeout_s: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

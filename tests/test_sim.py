@@ -123,9 +123,9 @@ def test_the_oracle_bounds_the_others_and_elastic_captures_most_of_its_gain():
     assert gain_captured({"elastic": results["elastic"]}) == {}  # needs static and oracle to mean anything
 
 
-def test_a_round_decides_when_a_job_arrives_or_ends_as_the_live_manager_does():
-    """Manager.run decides at once when a job is submitted or ends; so does the simulator by default.
-    Rounds at ticks only leave an arriving job waiting for the next tick on an empty cluster."""
+def test_a_round_starts_waiting_jobs_when_a_job_arrives_or_ends_as_the_live_manager_does():
+    """Manager.run starts waiting jobs at once when a job is submitted or ends; so does the simulator by
+    default (elasticps.sched.rounds). Rounds at ticks only leave an arriving job waiting for the next tick."""
     work = synthetic_workload(30, seed=5)
     tick = 300.0
     runs = {
@@ -146,6 +146,12 @@ def test_a_round_decides_when_a_job_arrives_or_ends_as_the_live_manager_does():
     first = {j: h[0][0] for j, h in full.allocations.items()}
     waited = [j for j in first if first[j] > arrival[j]]
     assert waited and all(first[j] in ends for j in waited), (waited, sorted(ends))
+    # those rounds never move a running job: elastic changes one's shape only at a tick (tenants never change)
+    moving = simulate(work, SimConfig(nodes=2, node_cpu=64, seed=5, interval_s=tick, tenant_change_s=1e12))
+    changes = [
+        t1 for h in moving.allocations.values() for (_, *a), (t1, *b) in zip(h, h[1:]) if sum(a) and sum(b) and a != b
+    ]
+    assert changes and all(t % tick == 0 for t in changes), changes
 
 
 def test_a_workload_that_can_never_fit_is_refused_at_once_not_simulated_for_ever(capsys):

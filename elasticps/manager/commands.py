@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,8 @@ class Commands:
     capacity: CapacitySource
     admission: Admission
     priors: FleetPriors
+    # set with the lock held by a change only a full round answers (new limits; elasticps.sched.rounds)
+    reshape: threading.Event = field(default_factory=threading.Event)
 
     def submit(self, spec: JobSpec, nodes_fixed: bool = True) -> JobRecord:
         """Store a new job; its program is resolved first, outside this process.
@@ -112,6 +114,7 @@ class Commands:
                 now, name, "limits", f"PS {spec.ps.min}..{spec.ps.max}, workers {spec.workers.min}..{spec.workers.max}"
             )
             rec = self.store.get_job(name)
+            self.reshape.set()
         self.wake.set()
         return rec
 

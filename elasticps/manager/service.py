@@ -56,6 +56,7 @@ from elasticps.runtime.output import JobLog
 from elasticps.sched import ClusterView, JobView, PolicyState, Resources, make_policy
 from elasticps.sched.objectives import batches_for
 from elasticps.sched.policies.base import Policy
+from elasticps.sched.rounds import admission_only
 
 log = logging.getLogger("elasticps.manager")
 
@@ -123,6 +124,7 @@ class Manager:
         self.state = PolicyState()
         self.growth = growth
         self.wake = threading.Event()  # an event worth a round now (submission, finish, limits)
+        self.reshape = threading.Event()  # and one that only a full round answers (limits)
         self._lock = threading.RLock()  # commands and rounds, one at a time
         self.jobs = JobTable(store, self.rescale_costs, max_ended_reports)
         self.live = self.jobs.live  # the jobs with a handle here
@@ -137,7 +139,7 @@ class Manager:
         self.admission = Admission(allow_programs, ShipPolicy.of(ship_roots, workdir), self.jobs)
         self.commands = Commands(
             store, self.jobs, self._lock, self.wake, clock, self.workdir, runtime, capacity, self.admission,
-            self.priors,
+            self.priors, reshape=self.reshape,
         )  # fmt: skip
         self.observer = Observer(store, self.jobs, self.metrics, self.rescale_costs)
         self.views = ViewBuilder(
@@ -188,11 +190,13 @@ class Manager:
             live.handle.close()
 
     # -- the loop
-    def step(self) -> dict[str, tuple[int, int]]:
-        """One round. Jobs that ended or were cancelled are released after the
-        decision, not before (releasing a job's tasks takes seconds); until then
-        their tasks count as ours, so the room they hold is handed out already
-        and what is started there waits for it in Ray's queue."""
+    def step(self, full: bool = True) -> dict[str, tuple[int, int]]:
+        """One round: a full one, or (``full=False``) one that only starts waiting
+        jobs in free room, running jobs held at their shapes
+        (:mod:`elasticps.sched.rounds`). Jobs that ended or were cancelled are
+        released after the decision, not before (releasing a job's tasks takes
+        seconds); until then their tasks count as ours, so the room they hold is
+        handed out already and what is started there waits for it in Ray's queue."""
         with self._lock:
             now = self.clock()
             self._collect(now)
@@ -210,12 +214,14 @@ class Manager:
             state = self.state
 
             def decide(of: list[JobView]) -> tuple:
-                decision, new_state = self.policy.decide(of, cluster, state)
+                decision, new_state = self.policy.decide(of if full else admission_only(of), cluster, state)
                 placed = place(of, decision, cluster, current, self.placement_method)
                 # a running job whose new shape did not fit on the nodes keeps its old one
                 return decision, new_state, placed, batches_for(of, placed.shapes, self.objective)
 
-            (decision, self.state, placed, batches), views, culprits = decide_isolated(decide, views)
+            (decision, new_state, placed, batches), views, culprits = decide_isolated(decide, views)
+            if full:  # the policy's state (rounds a job wished to shrink) counts full rounds only
+                self.state = new_state
             for name, why in culprits.items():
                 self.jobs.fail_on_figures(name, now, why)
             self.decisions.append((now, dict(decision)))
@@ -246,9 +252,10 @@ class Manager:
         return decision
 
     def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0, settle_s: float = 3.0) -> None:
-        """Decide every ``interval_s``, and at once (within ``watch_s``) when a
-        job is submitted or ends, limits change, a node joins or leaves, or
-        another tenant takes or frees room.
+        """A full round every ``interval_s`` and at once (within ``watch_s``) when
+        limits change, a node joins or leaves, or another tenant takes or frees
+        room; when a job is submitted, cancelled or retried, or ends, at once a
+        round that only starts waiting jobs (:mod:`elasticps.sched.rounds`).
 
         The engine accounts for tasks we start or stop a moment after we do
         (over a second when several start on a busy machine), so for
@@ -266,7 +273,9 @@ class Manager:
             try:
                 self._drain()
                 with self._lock:
-                    woken = self._collect(self.clock()) or woken
+                    reshape = self.reshape.is_set()  # set under this lock: read and cleared with it
+                    self.reshape.clear()
+                    woken = self._collect(self.clock()) or woken or reshape
                     if not (due or woken) and time.monotonic() >= settled_at:
                         ours = self.jobs.held()
                         view = self.capacity.view(ours)
@@ -276,10 +285,11 @@ class Manager:
                         seen = now_sig
                         if change:
                             self.store.add_event(self.clock(), None, "capacity", change)
-                            woken = True
+                            woken = reshape = True
                 if due or woken:
-                    last_round = time.monotonic()
-                    self.step()
+                    if due or reshape:  # the interval runs from the last full round
+                        last_round = time.monotonic()
+                    self.step(full=due or reshape)
                     settled_at = time.monotonic() + settle_s
             except sqlite3.OperationalError as exc:  # another process holds the database, or the disk is full
                 log.warning("scheduling round skipped: the database cannot be written now (%s)", exc)

@@ -17,9 +17,10 @@ refitted from those reports, as the live manager does. With ``fleet_prior``, a
 job whose own model is not yet confident is judged by a model fitted on the
 reports of every job of the same kind (the same model trained before), once
 that pooled model is confident; the ground truth is never used. Events: arrivals,
-completions, scheduling ticks, other tenants' load changing. As the live
-manager does, a round decides at each tick and at once when a job arrives or
-ends or the tenants' load changes (``event_rounds``; False: ticks and tenants only).
+completions, scheduling ticks, other tenants' load changing. As in the live
+manager, a full round decides at each tick and when the tenants' load
+changes, and a round that only starts waiting jobs runs at once when a job
+arrives or ends (:mod:`elasticps.sched.rounds`; ``event_rounds=False``: no such rounds).
 
 Work counts in samples at the kind's batch M0. A job with an adaptive batch
 trains at the batch the policy picks for its shape (:func:`batches_for`) and
@@ -54,6 +55,7 @@ from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.goodput import batch_candidates, statistical_efficiency
 from elasticps.sched.objectives import DEFAULT_EFFICIENCY_THRESHOLD, batches_for
 from elasticps.sched.policies import make_policy, options_for
+from elasticps.sched.rounds import admission_only
 from elasticps.sched.speed import PRIOR_PER_JOB, fleet_prior
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
@@ -87,8 +89,8 @@ class SimConfig:
     seed: int = 0
     truth: str = OPTIMUS  # elasticps.sim.truth.TRUTHS: the ground truth's speed surfaces
     truth_grid: str = ""  # a `bench shapes` JSON the grid surface follows ("": the project's own, GRID_PATH)
-    # Decide at once when a job arrives or ends, as the live manager does (Manager.run); False: only every
-    # interval and when tenants change (how the simulator decided before).
+    # A round that starts waiting jobs when a job arrives or ends, as the live manager's (elasticps.sched.rounds);
+    # False: rounds only every interval and when tenants change (how the simulator decided before).
     event_rounds: bool = True
 
 
@@ -357,12 +359,14 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             age_s=t - s.arrival_s,
         )
 
-    def schedule() -> None:
+    def schedule(full: bool = True) -> None:
+        """A round (elasticps.sched.rounds): a full one, or one that only starts waiting jobs."""
         nonlocal state
         views = [view(j) for j in active.values()]
         cluster = cluster_view()
         t0 = time.perf_counter()
-        decision, state = policy.decide(views, cluster, state)
+        decision, new_state = policy.decide(views if full else admission_only(views), cluster, state)
+        state = new_state if full else state
         placed = place(
             views, decision, cluster, {j: active[j].placement for j in active if active[j].shape}, config.placement
         )
@@ -455,7 +459,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             schedule()  # room changed: decide now
             events = False
         if events and config.event_rounds and t < next_tick and done < len(arrivals):
-            schedule()
+            schedule(full=False)
         if t >= next_tick:
             fits += 1
             for job in active.values():

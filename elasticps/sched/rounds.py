@@ -1,0 +1,30 @@
+"""Two kinds of scheduling round, for every driver (the live manager, the simulator).
+
+A **full** round (every interval, and when other tenants take or free room or
+a job's limits change) may start, grow, shrink or move any job. A round on a
+job's **arrival or end** only starts waiting jobs in the room that is free:
+running jobs keep their shapes until the next full round. Reacting to each
+arrival by shrinking running jobs, and to each end by growing them, moved
+jobs back and forth within minutes, each move a pause; a waiting job still
+starts as soon as room for it is free. The policy's state (how many rounds a
+job has wished to shrink) is carried only by full rounds.
+
+Pure code: a driver pins the views it hands the policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from elasticps.sched.types import JobView
+
+
+def admission_only(views: list[JobView]) -> list[JobView]:
+    """``views`` with every running job held at its current shape (no growth,
+    no shrink, no probe): a policy deciding on them can only start waiting jobs."""
+    return [_held(v) if v.current is not None else v for v in views]
+
+
+def _held(view: JobView) -> JobView:
+    p, w = view.current  # type: ignore[misc]
+    return dataclasses.replace(view, min_ps=p, max_ps=p, min_workers=w, max_workers=w, explore=None, probes=())
