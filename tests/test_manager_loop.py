@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -46,9 +47,21 @@ def test_jobs_are_started_observed_resized_and_finished(ray_local, tmp_path):
         assert obs and all(o[2] > 0 for o in obs)  # the loop read the jobs' reports
         kinds = [e[3] for e in store.events(name)]
         assert kinds[0] == "submitted" and "started" in kinds and kinds[-1] == "finished"
-    # at least one job was grown once its speed had been seen (8 logical CPUs, 1 CPU per job at the start);
-    # allocations are what the jobs reported running, not what was asked
-    assert any(max(p + w for _, p, w, _ in store.allocations(n)) > 2 for n in ("a", "b"))
+    # at least one job was grown once its speed had been seen (8 logical CPUs, 1 CPU per job at the start),
+    # as the job itself reported ("rescaled 1x1 -> 2x1"; a job that ends a few steps later may report no window
+    # at that shape); allocations are what the jobs reported running, never a shape that was only asked
+    applied = {
+        n: [
+            (int(p), int(w))
+            for *_, k, m in store.events(n)
+            if k == "runtime"
+            for p, w in re.findall(r"-> (\d+)x(\d+)", m)
+        ]
+        for n in ("a", "b")
+    }
+    assert any(p + w > 2 for n in applied for p, w in applied[n]), applied
+    for name in ("a", "b"):
+        assert {(p, w) for _, p, w, _ in store.allocations(name)} <= {(1, 1), *applied[name]}
     for name in ("a", "b"):  # every shape asked was applied before the next was asked
         asked = [m for *_, k, m in store.events(name) if k == "rescale"]
         applied = [m for *_, k, m in store.events(name) if k == "runtime" and "rescaled" in m]
