@@ -339,8 +339,9 @@ def add_parsers(sub: Any) -> None:
     )
     sim.add_argument(
         "--tick-rounds-only", action="store_true",
-        help="decide only every --interval-s and when tenants change, not also when a job arrives or ends "
-        "(as the live manager does); the simulator's figures before event rounds were made so",
+        help="rounds only every --interval-s and when tenants change: no round that starts waiting jobs when "
+        "a job arrives or ends (the live manager runs one; elasticps/sched/rounds.py). Figures measured before "
+        "those rounds were made so",
     )  # fmt: skip
     sim.add_argument(
         "--no-fleet-prior",
