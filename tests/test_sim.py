@@ -95,8 +95,8 @@ def test_cli_compare_writes_json_and_plots(tmp_path, capsys):
 
 
 def test_elastic_is_within_one_percent_of_the_best_policy_on_the_documented_workload():
-    # docs/simulator.md: 300 synthetic jobs on 32 nodes, seed 0 (the contended table's first row; elastic
-    # is the best there and on all 16 seeds of --seeds 16, but one seed moves 1-2% with any code change)
+    # docs/simulator.md "Two kinds of round": 300 synthetic jobs on 32 nodes, seed 0 (elastic is the best there
+    # and on all 8 seeds of docs/results/sim-rounds-contended.json, but one seed moves 1-2% with any code change)
     work = synthetic_workload(300, seed=0)
     jct = {
         p: simulate(work, SimConfig(nodes=32, policy=p, seed=0)).metrics["avg_jct_s"]
