@@ -121,7 +121,7 @@ def test_a_start_the_locked_database_cannot_record_is_released_and_tried_again(e
     with pytest.raises(sqlite3.OperationalError):
         manager.step()  # the round fails (the loop logs it and goes on) ...
     check_invariants(manager)  # ... with no job running that the store says is pending
-    manager._drain()
+    manager.drain()
     assert runtime.latest("locked-out").closed
     monkeypatch.setattr(manager.store, "transition", real)
     assert _run(manager) == {"locked-out": "finished"}

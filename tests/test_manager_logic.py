@@ -557,7 +557,7 @@ def test_a_round_decides_before_releasing_an_ended_job_whose_tasks_still_count_a
         return view(ours)
 
     capacity.view = recording
-    manager._collect(manager.clock())  # as the loop does between rounds: "a" ended, queued for release
+    manager.observer.collect(manager.clock())  # as the loop does between rounds: "a" ended, queued for release
     assert manager.store.get_job("a").state == JobState.FINISHED and not a.closed
     manager.step()
     held_by_a = a.shape[0] * 0.5 + a.shape[1] * 1.0  # PS 0.5 CPU, workers 1 CPU each

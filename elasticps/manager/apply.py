@@ -49,6 +49,10 @@ class Applier:
     report_interval_s: float
     start_errors: dict[str, str] = field(default_factory=dict)  # this round's failed starts
 
+    def new_round(self) -> None:
+        """Forget the previous round's failed starts (a job's reason to wait is this round's)."""
+        self.start_errors.clear()
+
     def apply(
         self,
         rec: JobRecord,

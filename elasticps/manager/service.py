@@ -138,8 +138,8 @@ class Manager:
         self.metrics = ManagerMetrics(self.metrics_snapshot)
         self.admission = Admission(allow_programs, ShipPolicy.of(ship_roots, workdir), self.jobs)
         self.commands = Commands(
-            store, self.jobs, self._lock, self.wake, clock, self.workdir, runtime, capacity, self.admission,
-            self.priors, reshape=self.reshape,
+            store=store, jobs=self.jobs, lock=self._lock, wake=self.wake, clock=clock, workdir=self.workdir,
+            runtime=runtime, capacity=capacity, admission=self.admission, priors=self.priors, reshape=self.reshape,
         )  # fmt: skip
         self.observer = Observer(store, self.jobs, self.metrics, self.rescale_costs)
         self.views = ViewBuilder(
@@ -173,12 +173,6 @@ class Manager:
         be used again. A job that has not ended must be cancelled first."""
         return self.commands.delete(name)
 
-    def admissible(self, spec: JobSpec) -> None:
-        """A ProgramError or ConfigError unless this manager may run ``spec``'s
-        code now: checked at submit and again before every start (a restart, a
-        retry), since the operator may have narrowed what is allowed meanwhile."""
-        self.admission.check(spec)
-
     def shutdown(self) -> None:
         with self._lock:
             closing = list(self.live.items()) + self.jobs.to_close
@@ -199,7 +193,7 @@ class Manager:
         handed out already and what is started there waits for it in Ray's queue."""
         with self._lock:
             now = self.clock()
-            self._collect(now)
+            self.observer.collect(now)
             active = self.store.list_jobs(ACTIVE)
             records = [r for r in active if r.name in self.live or self.jobs.may_start(r.name, now)]
             reads = self.views.read(active)  # each job's observations read once this round
@@ -209,7 +203,7 @@ class Manager:
             views = self.views.views(records, reads, cluster, now)
             self.applier.note_unfit(views, cluster, now)
             started = time.perf_counter()
-            self.applier.start_errors.clear()
+            self.applier.new_round()
             current = {n: live.asked_placement for n, live in self.live.items()}
             state = self.state
 
@@ -248,7 +242,7 @@ class Manager:
             self._rounds += 1
             if self._rounds % PRUNE_EVERY_ROUNDS == 1:
                 self.store.prune(self.retention)
-        self._drain()
+        self.drain()
         return decision
 
     def run(self, interval_s: float, stop: threading.Event, watch_s: float = 1.0, settle_s: float = 3.0) -> None:
@@ -271,11 +265,11 @@ class Manager:
             woken = self.wake.is_set()
             self.wake.clear()
             try:
-                self._drain()
+                self.drain()
                 with self._lock:
                     reshape = self.reshape.is_set()  # set under this lock: read and cleared with it
                     self.reshape.clear()
-                    woken = self._collect(self.clock()) or woken or reshape
+                    woken = self.observer.collect(self.clock()) or woken or reshape
                     if not (due or woken) and time.monotonic() >= settled_at:
                         ours = self.jobs.held()
                         view = self.capacity.view(ours)
@@ -343,14 +337,13 @@ class Manager:
         live = dict(self.live)
         return {n: j.status for n, j in live.items() if j.status is not None}
 
-    # -- the round's parts (called with the lock held, except _drain)
-    def _collect(self, now: float) -> bool:
-        """Poll every job here (see :class:`Observer`); True if one ended."""
-        return self.observer.collect(now)
-
-    def _drain(self) -> None:
-        """Stop and release the handles queued by commands and retirements (outside the lock)."""
+    def drain(self) -> None:
+        """Stop and release the handles queued by commands and retirements (the
+        loop does so before and after each round). Call it without the lock held:
+        stopping tasks takes a while, and it takes the lock for its bookkeeping."""
         self.jobs.drain(self._lock)
+
+    # -- the round's parts (called with the lock held)
 
     def _grow(self, views: list[JobView], cluster: ClusterView, current: dict, now: float) -> None:
         """Ask for more Ray nodes (or fewer) when the jobs could use them."""
