@@ -24,19 +24,16 @@ from elasticps.manager.live import MAX_FAILURES, JobTable, LiveJob
 from elasticps.manager.pinning import CODE_DIR
 from elasticps.manager.reasons import Move
 from elasticps.manager.runtime import JobRuntime, Launch
-from elasticps.manager.spec import TaskSpec
 from elasticps.manager.states import JobState
 from elasticps.manager.store import JobRecord, Store
+from elasticps.manager.task_resources import runtime_resources
 from elasticps.manager.waiting import Waiting, free_after, why_waiting
-from elasticps.manager.workdir import job_dir
-from elasticps.runtime import JobConfig, TaskResources
+from elasticps.manager.workdir import OUTPUT_DIR, job_dir
+from elasticps.runtime import JobConfig
 from elasticps.sched import ClusterView, JobView
 from elasticps.sched.fit import fit_problem
 
 log = logging.getLogger("elasticps.manager")
-
-#: A job's own output (elasticps.runtime.output.JobLog), in its folder.
-OUTPUT_DIR = "output"
 
 
 @dataclass
@@ -118,8 +115,8 @@ class Applier:
             checkpoint_dir=str(folder / "checkpoints"),
             checkpoint_every_steps=spec.checkpoint_every_steps,
             report_interval_s=self.report_interval_s,
-            ps_resources=_task_resources(spec.ps),
-            worker_resources=_task_resources(spec.workers),
+            ps_resources=runtime_resources(spec.ps),
+            worker_resources=runtime_resources(spec.workers),
         )
         env = spec.runtime_env.to_ray() if spec.runtime_env else None
         output, code = str(folder / OUTPUT_DIR), str(folder / CODE_DIR)
@@ -177,9 +174,3 @@ def _why(move: Move | None, shape: tuple[int, int]) -> str:
     if move is None or move.shape != shape or move.action in ("keep", "admit", "wait", "unfit"):
         return ""
     return f": {move.why}"
-
-
-def _task_resources(task: TaskSpec) -> TaskResources:
-    return TaskResources(
-        cpu=task.cpu, gpu=task.gpu, memory_bytes=int(task.memory_gb * 1024**3), cpu_limit=task.cpu_limit
-    )

@@ -22,13 +22,14 @@ from typing import Any
 
 from elasticps.errors import UnschedulableError
 from elasticps.manager.admission import Admission
-from elasticps.manager.live import JobTable, resources
+from elasticps.manager.live import JobTable
 from elasticps.manager.pinning import CODE_DIR, pin
 from elasticps.manager.priors import FleetPriors
 from elasticps.manager.runtime import CapacitySource, JobRuntime
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import IllegalTransition, JobInUse, JobState
 from elasticps.manager.store import JobRecord, Store
+from elasticps.manager.task_resources import policy_resources
 from elasticps.manager.waiting import SUBMITTED
 from elasticps.manager.workdir import job_dir
 from elasticps.sched import JobView
@@ -87,7 +88,7 @@ class Commands:
         view = JobView(
             id=spec.name, speed=lambda p, w: 0.0, min_ps=spec.ps.min, max_ps=spec.ps.max,
             min_workers=spec.workers.min, max_workers=spec.workers.max,
-            ps_resources=resources(spec.ps), worker_resources=resources(spec.workers),
+            ps_resources=policy_resources(spec.ps), worker_resources=policy_resources(spec.workers),
         )  # fmt: skip
         with self.lock:
             cluster = self.capacity.view(self.jobs.held())

@@ -20,7 +20,7 @@ from pathlib import Path
 from elasticps.errors import ElasticPSError
 from elasticps.manager.admission import Admission
 from elasticps.manager.isolation import FIGURE_ERRORS
-from elasticps.manager.live import JobTable, resources
+from elasticps.manager.live import JobTable
 from elasticps.manager.pinning import CODE_DIR
 from elasticps.manager.priors import FleetPriors, kind_of, read_observations
 from elasticps.manager.rescale_costs import RescaleCosts
@@ -28,6 +28,7 @@ from elasticps.manager.runtime import JobRuntime, ProgramInfo
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.states import JobState
 from elasticps.manager.store import JobRecord, Store
+from elasticps.manager.task_resources import policy_resources
 from elasticps.manager.workdir import job_dir
 from elasticps.placement import spans_on
 from elasticps.sched import ClusterView, JobView, Observation, Resources, SpeedModel
@@ -96,7 +97,7 @@ class ViewBuilder:
             return None
         spec = rec.spec
         share = live.compute_share if live is not None else None
-        ps_res, worker_res = resources(spec.ps), resources(spec.workers)
+        ps_res, worker_res = policy_resources(spec.ps), policy_resources(spec.workers)
         span = spans_on(ps_res, worker_res, room)
         model = SpeedModel(info.batch_size, spec.mode, span=span, compute_share=share)
         model.fit(self.observations(rec.name, reads))

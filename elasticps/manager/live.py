@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from elasticps.errors import ElasticPSError, ProgramError
 from elasticps.manager.rescale_costs import RescaleCosts
 from elasticps.manager.runtime import JobHandle, JobStatus
-from elasticps.manager.spec import TaskSpec
 from elasticps.manager.states import IllegalTransition, JobState
 from elasticps.manager.store import Store
+from elasticps.manager.task_resources import policy_resources
 from elasticps.manager.waiting import Waiting
 from elasticps.runtime import JobReport
 from elasticps.sched import Resources
@@ -69,11 +69,6 @@ class LiveJob:
     def batch_now(self) -> int | None:
         """The global batch asked for last, else the one it reported (None: not yet known)."""
         return self.batch or (self.status.batch_size if self.status is not None else None) or None
-
-
-def resources(task: TaskSpec) -> Resources:
-    """What one task of this kind takes, as the policy and placement count it."""
-    return Resources(cpu=task.cpu, gpu=task.gpu, memory_gb=task.memory_gb)
 
 
 class JobTable:
@@ -150,7 +145,7 @@ class JobTable:
             held = dict(live.status.held) if live.status is not None else {}
             for task, node in held.items() | live.asked_placement.items():
                 kind = spec.ps if task.startswith("ps-") else spec.workers
-                per_node.setdefault(node, []).append(resources(kind))
+                per_node.setdefault(node, []).append(policy_resources(kind))
         return {n: total_of(rs) for n, rs in per_node.items()}
 
     # -- failures

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from elasticps.errors import ElasticPSError
 from elasticps.manager.admission import Admission
-from elasticps.manager.apply import OUTPUT_DIR, Applier
+from elasticps.manager.apply import Applier
 from elasticps.manager.capacity import capacity_change, capacity_signature
 from elasticps.manager.commands import Commands
 from elasticps.manager.history import ClusterHistory
@@ -49,7 +49,7 @@ from elasticps.manager.shipping import ShipPolicy
 from elasticps.manager.spec import JobSpec, LimitsPatch
 from elasticps.manager.states import ACTIVE
 from elasticps.manager.store import JobRecord, Retention, Store
-from elasticps.manager.workdir import job_dir, migrate_job_dirs
+from elasticps.manager.workdir import OUTPUT_DIR, job_dir, migrate_job_dirs
 from elasticps.placement import place
 from elasticps.runtime import JobReport
 from elasticps.runtime.output import JobLog

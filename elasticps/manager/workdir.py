@@ -35,6 +35,8 @@ LOCK_FILE = "manager.lock"
 MIN_TOKEN_CHARS = 32
 #: The folder of the jobs' own files: job names have no dots, so it is never one of theirs.
 JOBS_DIR = "jobs.d"
+#: A job's own output (elasticps.runtime.output.JobLog), in its folder.
+OUTPUT_DIR = "output"
 
 
 def job_dir(workdir: str | Path, name: str) -> Path:
