@@ -133,11 +133,11 @@ def test_the_loop_goes_on_past_a_locked_database_with_one_line_not_a_traceback(e
     submit(manager, "later")
     real, calls = manager.step, []
 
-    def step():
+    def step(full: bool = True):
         calls.append(1)
         if len(calls) == 1:
             raise sqlite3.OperationalError("database is locked")
-        return real()
+        return real(full)
 
     monkeypatch.setattr(manager, "step", step)
     stop = threading.Event()
