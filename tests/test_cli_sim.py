@@ -75,3 +75,14 @@ def test_help_shows_defaults_and_documents_the_workload(capsys):
         assert f" {field.name} " in WORKLOAD_HELP or f" {field.name}," in WORKLOAD_HELP, field.name
     for kind in KINDS:
         assert f"  {kind} " in WORKLOAD_HELP, kind
+
+
+def test_tick_rounds_only_reaches_the_simulator_and_changes_the_run(tmp_path):
+    import json
+
+    argv = ["sim", "--jobs", "20", "--nodes", "4", "--policy", "static", "--quiet", "--json"]
+    assert main([*argv, str(tmp_path / "two.json")]) == 0
+    assert main([*argv, str(tmp_path / "ticks.json"), "--tick-rounds-only"]) == 0
+    two, ticks = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "ticks"))
+    assert two["config"]["event_rounds"] is True and ticks["config"]["event_rounds"] is False
+    assert two["avg_jct_s"] < ticks["avg_jct_s"]  # jobs start as room frees, not at the next tick
