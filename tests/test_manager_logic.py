@@ -384,7 +384,7 @@ def test_the_fleet_prior_reads_an_ended_jobs_observations_once_and_forgets_it_wh
         for w in (1, 2, 3, 4):
             manager.store.record_observation("first", manager.clock(), p, w, speed(p, w))
     manager.cancel("first")
-    while manager.store.get_job("first").state != "cancelled" or manager.jobs.to_close:
+    while manager.store.get_job("first").state != "cancelled" or manager.jobs.in_use("first"):
         manager.step()
     reads: list[str] = []
     observations = manager.store.observations
@@ -408,7 +408,7 @@ def test_delete_frees_the_name_of_an_ended_job_only(env):
         manager.delete("d")
     (manager.workdir / "jobs.d" / "d" / "checkpoints").mkdir(parents=True, exist_ok=True)
     manager.cancel("d")
-    if manager.jobs.to_close:  # still stopping: refused until the round has closed it
+    if manager.jobs.in_use("d"):  # still stopping: refused until the round has closed it
         with pytest.raises(JobInUse, match="still stopping"):
             manager.delete("d")
         manager.step()

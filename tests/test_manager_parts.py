@@ -40,10 +40,11 @@ class Parts:
         adaptive = ProgramInfo("digits", 64, 3, 1437, max_batch_size=256)  # the scheduler may pick its batch
         self.runtime = FakeRuntime(programs={"elasticps.examples.digits:program": adaptive})
         self.costs = RescaleCosts()
-        self.jobs = JobTable(self.store, self.costs)
+        self.priors = FleetPriors(self.store)
+        self.jobs = JobTable(self.store, self.costs, self.priors)
         self.admission = Admission(allow_programs, ShipPolicy.of(None, tmp_path), self.jobs)
         self.views = ViewBuilder(
-            self.store, self.runtime, tmp_path, self.jobs, self.admission, FleetPriors(self.store), self.costs
+            self.store, self.runtime, tmp_path, self.jobs, self.admission, self.priors, self.costs
         )
         self.observer = Observer(self.store, self.jobs, ManagerMetrics(lambda: None), self.costs)  # type: ignore[arg-type, return-value]
 
@@ -58,7 +59,7 @@ class Parts:
         launch = Launch(name, rec.spec.program, {}, JobConfig(), shape, placement)
         handle = FakeJob(launch, rec.info, **fake)
         self.store.transition(name, JobState.RUNNING, now, "started", kind="started")
-        self.jobs.live[name] = LiveJob(handle, shape, dict(placement))
+        self.jobs.started(name, LiveJob(handle, shape, dict(placement)))
         return handle
 
     def view(self, name: str, now: float = 200.0):
@@ -125,11 +126,11 @@ def test_failures_in_a_row_back_off_longer_each_time_then_fail_the_job(parts):
     for n in range(1, MAX_FAILURES):
         live = parts.jobs.live["f"]
         parts.jobs.stopped_by_failure("f", live, now, "JobFailedError: the node is gone")
-        assert "f" not in parts.jobs.live and (("f", live) in parts.jobs.to_close)
+        assert "f" not in parts.jobs.live and parts.jobs.in_use("f")  # queued to be stopped
         assert not parts.jobs.may_start("f", now + n * RESTART_BACKOFF_S - 1)
         assert parts.jobs.may_start("f", now + n * RESTART_BACKOFF_S)
         assert parts.jobs.backoff("f", now).reason.endswith(f"({n}/{MAX_FAILURES})")
-        parts.jobs.live["f"] = LiveJob(handle, (1, 1), {})  # started again
+        parts.jobs.started("f", LiveJob(handle, (1, 1), {}))  # started again
     parts.jobs.stopped_by_failure("f", parts.jobs.live["f"], now, "JobFailedError: again")
     assert parts.store.get_job("f").state == JobState.FAILED
 
@@ -144,7 +145,7 @@ def test_a_program_error_fails_at_once_and_progress_clears_the_count(parts):
     assert parts.jobs.count_failure("p") == 1  # counted from its last progress
     parts.jobs.stopped_by_failure("q", parts.jobs.live["q"], 200.0, "ProgramError: bad answer")
     assert parts.store.get_job("q").state == JobState.FAILED
-    assert parts.jobs.stopping("q") and not handle.closed  # released: the loop's drain closes it
+    assert parts.jobs.in_use("q") and not handle.closed  # released: the loop's drain closes it
 
 
 def test_a_released_jobs_tasks_count_as_held_until_drained(parts):
@@ -153,9 +154,9 @@ def test_a_released_jobs_tasks_count_as_held_until_drained(parts):
     held = parts.jobs.held()
     assert held == {"node-0": Resources(cpu=0.5 + 2 * 1.0)}
     parts.jobs.release("r", parts.jobs.live["r"])
-    assert parts.jobs.held() == held and parts.jobs.stopping("r")
+    assert parts.jobs.held() == held and parts.jobs.in_use("r")
     parts.jobs.drain(threading.RLock())
-    assert parts.jobs.held() == {} and not parts.jobs.stopping("r")
+    assert parts.jobs.held() == {} and not parts.jobs.in_use("r")
     assert handle.stopping and handle.closed and parts.jobs.ended["r"].name == "r"
 
 
@@ -187,7 +188,7 @@ def test_final_reports_are_kept_and_trimmed_under_the_lock(parts):
             held_when.append(("trim", lock.depth))
             return super().popitem(last)
 
-    jobs = JobTable(parts.store, parts.costs, max_ended_reports=1)
+    jobs = JobTable(parts.store, parts.costs, parts.priors, max_ended_reports=1)
     jobs.ended = Ended()
     for name in ("a", "b"):
         parts.add(name)
@@ -228,7 +229,7 @@ def test_a_window_with_figures_the_scheduler_cannot_use_fails_the_job(parts):
     handle = parts.run("nan", (1, 1), start_polls=0, speed=lambda p, w: float("nan"))
     assert parts.observer.collect(201.0)
     assert parts.store.get_job("nan").state == JobState.FAILED
-    assert [n for n, _ in parts.jobs.to_close] == ["nan"] and not parts.jobs.live
+    assert parts.jobs.in_use("nan") and not parts.jobs.live  # released: queued to be stopped
     assert handle.windows and parts.store.observations("nan") == []  # none of its figures reached the store
 
 
@@ -261,9 +262,14 @@ def test_forgetting_a_deleted_job_drops_all_that_was_held_of_it(parts):
     parts.costs.observe("x", RescaleRecord(1, (1, 1), (1, 2), 10, 5.0, 2.0, True, new_tasks=1))
     parts.costs.observe("y", RescaleRecord(1, (1, 1), (1, 2), 10, 0.1, 2.0, True, new_tasks=1))
     assert parts.costs.of("x").pause_s == 5.0  # its own records first
-    parts.jobs.count_failure("x")
-    parts.jobs.not_before["x"] = 500.0
-    parts.jobs.unfit["x"] = "cannot fit: ..."
+    parts.add("x")
+    parts.run("x", (1, 1))
+    parts.jobs.stopped_by_failure("x", parts.jobs.live["x"], 200.0, "JobFailedError: the node is gone")
+    parts.jobs.drain(threading.RLock())
+    parts.jobs.note_unfit("x", "cannot fit: ...")
+    parts.jobs.admit("x")
+    assert not parts.jobs.may_start("x", 200.0) and "x" in parts.jobs.ended
     parts.jobs.forget("x")
     assert parts.costs.of("x").pause_s == pytest.approx((5.0 + 0.1) / 2)  # every job's: the median of two
-    assert parts.jobs.may_start("x", 0.0) and parts.jobs.count_failure("x") == 1 and "x" not in parts.jobs.unfit
+    assert parts.jobs.may_start("x", 200.0) and parts.jobs.failures_of("x") == 0 and "x" not in parts.jobs.unfit
+    assert not parts.jobs.admitted("x") and "x" not in parts.jobs.ended

@@ -28,11 +28,14 @@ def check_allowed(program: str, allowed: tuple[str, ...] | None) -> None:
 
 
 class Admission:
+    """Whether this manager may run a job's code: :meth:`check` at submit,
+    :meth:`admitted_here` once per job when a round first sees it (e.g. after a
+    restart of the manager), :meth:`still_admissible` before each start."""
+
     def __init__(self, allow_programs: tuple[str, ...] | None, shipping: ShipPolicy, jobs: JobTable) -> None:
         self.allow_programs = allow_programs
         self.shipping = shipping  # the local paths a runtime_env may ship
-        self.jobs = jobs  # where a job no longer allowed is failed
-        self._admitted: set[str] = set()  # jobs whose code this manager checked it may run
+        self.jobs = jobs  # where a job no longer allowed is failed, and which jobs were checked here
 
     def check(self, spec: JobSpec) -> None:
         """A ProgramError or ConfigError unless this manager may run ``spec``'s code now."""
@@ -56,13 +59,9 @@ class Admission:
 
     def admitted_here(self, rec: JobRecord, now: float) -> bool:
         """:meth:`still_admissible`, checked once per job by this manager (a start checks again)."""
-        if rec.name in self._admitted:
+        if self.jobs.admitted(rec.name):
             return True
         if not self.still_admissible(rec, now):
             return False
-        self._admitted.add(rec.name)
+        self.jobs.admit(rec.name)
         return True
-
-    def forget(self, name: str) -> None:
-        """A deleted job: a new job of its name is checked afresh."""
-        self._admitted.discard(name)

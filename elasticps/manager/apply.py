@@ -38,6 +38,10 @@ log = logging.getLogger("elasticps.manager")
 
 @dataclass
 class Applier:
+    """Carries out a round's decision (see the module's docstring): starts and
+    rescales jobs, and notes why each job left out waits. Its only state is
+    the current round's failed starts (:meth:`new_round` clears them)."""
+
     store: Store
     runtime: JobRuntime
     workdir: Path
@@ -130,10 +134,9 @@ class Applier:
             else:
                 self.store.transition(rec.name, JobState.RUNNING, now, f"started {with_shape}", kind="started")
         except BaseException:
-            self.jobs.to_close.append((rec.name, live))
+            self.jobs.release(rec.name, live)  # never live here: the loop stops it
             raise
-        self.jobs.live[rec.name] = live
-        self.jobs.waiting.pop(rec.name, None)
+        self.jobs.started(rec.name, live)
 
     def note_unfit(self, views: list[JobView], cluster: ClusterView, now: float) -> None:
         """Store once why a waiting job can never run here (and again if the reason changes)."""
@@ -141,12 +144,8 @@ class Applier:
             if view.current is not None:
                 continue
             problem = fit_problem(view, cluster)
-            if problem and self.jobs.unfit.get(view.id) != problem:
+            if self.jobs.note_unfit(view.id, problem) and problem:
                 self.store.add_event(now, view.id, "unfit", problem)
-            if problem:
-                self.jobs.unfit[view.id] = problem
-            else:
-                self.jobs.unfit.pop(view.id, None)
 
     def note_waiting(
         self, active: list[JobRecord], views: list[JobView], cluster: ClusterView, placed: dict, now: float
@@ -166,7 +165,7 @@ class Applier:
                 why = why_waiting(view, cluster, free, len(placed))
             else:
                 continue
-            self.jobs.waiting[rec.name] = why
+            self.jobs.waits(rec.name, why)
 
 
 def _why(move: Move | None, shape: tuple[int, int]) -> str:

@@ -24,13 +24,11 @@ from elasticps.errors import UnschedulableError
 from elasticps.manager.admission import Admission
 from elasticps.manager.live import JobTable
 from elasticps.manager.pinning import CODE_DIR, pin
-from elasticps.manager.priors import FleetPriors
 from elasticps.manager.runtime import CapacitySource, JobRuntime
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import IllegalTransition, JobInUse, JobState
 from elasticps.manager.store import JobRecord, Store
 from elasticps.manager.task_resources import policy_resources
-from elasticps.manager.waiting import SUBMITTED
 from elasticps.manager.workdir import job_dir
 from elasticps.sched import JobView
 from elasticps.sched.fit import fit_problem
@@ -38,6 +36,9 @@ from elasticps.sched.fit import fit_problem
 
 @dataclass
 class Commands:
+    """The API's commands (see the module's docstring), each under the manager's
+    lock: its durable effect in the store, the job table told, the loop woken."""
+
     store: Store
     jobs: JobTable
     lock: threading.RLock  # the manager's: commands and rounds, one at a time
@@ -47,7 +48,6 @@ class Commands:
     runtime: JobRuntime
     capacity: CapacitySource
     admission: Admission
-    priors: FleetPriors
     # set with the lock held by a change only a full round answers (new limits; elasticps.sched.rounds)
     reshape: threading.Event = field(default_factory=threading.Event)
 
@@ -64,7 +64,7 @@ class Commands:
             info = self.runtime.describe(spec, str(folder / CODE_DIR) if pinned else None)
             with self.lock:
                 rec = self.store.add_job(spec, self.clock(), info)
-                self.jobs.waiting[spec.name] = SUBMITTED
+                self.jobs.submitted(spec.name)
         except BaseException:
             if fresh:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -127,10 +127,7 @@ class Commands:
             if rec.state == JobState.CANCELLED:
                 return rec
             rec = self.store.transition(name, JobState.CANCELLED, self.clock(), f"job {name} cancelled")
-            self.jobs.waiting.pop(name, None)
-            live = self.jobs.live.get(name)
-            if live is not None:
-                self.jobs.release(name, live)
+            self.jobs.cancelled(name)
         self.wake.set()
         return rec
 
@@ -138,14 +135,13 @@ class Commands:
         """Queue a failed or cancelled job again: a new run that resumes from
         its latest intact checkpoint (refused while its last run still stops)."""
         with self.lock:
-            if self.jobs.stopping(name):
+            if self.jobs.in_use(name):
                 raise JobInUse(f"job {name!r} is still stopping; retry it again in a moment")
             rec = self.store.transition(
                 name, JobState.PENDING, self.clock(), f"job {name} retried: it resumes from its latest checkpoint",
                 kind="retry",
             )  # fmt: skip
-            self.jobs.forget_failures(name)
-            self.jobs.waiting[name] = SUBMITTED
+            self.jobs.retried(name)
         self.wake.set()
         return rec
 
@@ -156,12 +152,10 @@ class Commands:
             rec = self.store.get_job(name)
             if not JobState(rec.state).ended:
                 raise JobInUse(f"job {name!r} is {rec.state}; cancel it before deleting it")
-            if self.jobs.stopping(name):
+            if self.jobs.in_use(name):
                 raise JobInUse(f"job {name!r} is still stopping; delete it again in a moment")
             rec = self.store.delete_job(name)
-            self.priors.forget(name)
             shutil.rmtree(job_dir(self.workdir, name), ignore_errors=True)
             self.store.add_event(self.clock(), None, "deleted", f"job {name} deleted ({rec.state}); its name is free")
             self.jobs.forget(name)
-            self.admission.forget(name)
         return rec

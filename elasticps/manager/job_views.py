@@ -48,6 +48,9 @@ class RoundReads:
 
 @dataclass
 class ViewBuilder:
+    """Builds each job's :class:`JobView` for a round (see the module's docstring):
+    :meth:`read` once per round, then :meth:`views` of the jobs that may run."""
+
     store: Store
     runtime: JobRuntime
     workdir: Path
@@ -90,7 +93,7 @@ class ViewBuilder:
         """What the policy knows of a job; its speeds are predicted for the
         nodes each shape would span on the ``room`` the nodes have for our jobs."""
         live = self.jobs.live.get(rec.name)
-        if live is None and not self.admission.admitted_here(rec, now):  # again before each start
+        if live is None and not self.admission.admitted_here(rec, now):  # once per job here; apply checks each start
             return None
         info = self._info(rec, now)
         if info is None:

@@ -24,6 +24,9 @@ from elasticps.manager.store import Rescale, Store
 
 @dataclass
 class Observer:
+    """A round's polls (see the module's docstring): :meth:`collect` records
+    what each job running here says, and retires those that ended."""
+
     store: Store
     jobs: JobTable
     metrics: ManagerMetrics

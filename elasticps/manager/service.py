@@ -126,7 +126,7 @@ class Manager:
         self.wake = threading.Event()  # an event worth a round now (submission, finish, limits)
         self.reshape = threading.Event()  # and one that only a full round answers (limits)
         self._lock = threading.RLock()  # commands and rounds, one at a time
-        self.jobs = JobTable(store, self.rescale_costs, max_ended_reports)
+        self.jobs = JobTable(store, self.rescale_costs, self.priors, max_ended_reports)
         self.live = self.jobs.live  # the jobs with a handle here
         self.waiting = self.jobs.waiting  # why each active job without a handle here is not running
         self.ended = self.jobs.ended  # final reports of jobs that ended here
@@ -139,7 +139,7 @@ class Manager:
         self.admission = Admission(allow_programs, ShipPolicy.of(ship_roots, workdir), self.jobs)
         self.commands = Commands(
             store=store, jobs=self.jobs, lock=self._lock, wake=self.wake, clock=clock, workdir=self.workdir,
-            runtime=runtime, capacity=capacity, admission=self.admission, priors=self.priors, reshape=self.reshape,
+            runtime=runtime, capacity=capacity, admission=self.admission, reshape=self.reshape,
         )  # fmt: skip
         self.observer = Observer(store, self.jobs, self.metrics, self.rescale_costs)
         self.views = ViewBuilder(
@@ -174,13 +174,13 @@ class Manager:
         return self.commands.delete(name)
 
     def shutdown(self) -> None:
+        """Stop and release every job's tasks here; the store keeps their states,
+        so a manager started again restarts them from their latest checkpoints."""
         with self._lock:
-            closing = list(self.live.items()) + self.jobs.to_close
-            self.live.clear()
-            self.jobs.to_close = []
-        for _, live in closing:
+            closing = self.jobs.take_all()
+        for live in closing:
             live.handle.stop()
-        for _, live in closing:
+        for live in closing:
             live.handle.close()
 
     # -- the loop
@@ -327,7 +327,7 @@ class Manager:
     def failures_in_a_row(self, name: str) -> int:
         """How many times the job failed (to start, or while running) since its last step of progress."""
         with self._lock:
-            return self.jobs.failures.get(name, 0)
+            return self.jobs.failures_of(name)
 
     def statuses(self) -> dict[str, JobStatus]:
         """The last poll of every job running here. Without the lock, so that reads
