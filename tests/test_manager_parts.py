@@ -1,6 +1,7 @@
 """The manager's parts one at a time, each against a real store and the
 in-memory runtime (elasticps.manager.fake): the job table's failures and
-backoff, a round's polls (observe), the views the policy reads (job_views).
+backoff, a round's polls (observe), the views the policy reads (job_views),
+the API's commands (commands) and a round's last step (apply).
 No Ray, no Manager: each part is built from what it needs."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import pytest
 
 from elasticps.manager import Store, parse_spec
 from elasticps.manager.admission import Admission
-from elasticps.manager.fake import FakeJob, FakeRuntime
+from elasticps.manager.apply import Applier
+from elasticps.manager.commands import Commands
+from elasticps.manager.fake import FakeCapacity, FakeJob, FakeRuntime
 from elasticps.manager.job_views import RoundReads, ViewBuilder
 from elasticps.manager.live import MAX_FAILURES, RESTART_BACKOFF_S, JobTable, LiveJob
 from elasticps.manager.metrics import ManagerMetrics
@@ -43,10 +46,16 @@ class Parts:
         self.priors = FleetPriors(self.store)
         self.jobs = JobTable(self.store, self.costs, self.priors)
         self.admission = Admission(allow_programs, ShipPolicy.of(None, tmp_path), self.jobs)
-        self.views = ViewBuilder(
-            self.store, self.runtime, tmp_path, self.jobs, self.admission, self.priors, self.costs
-        )
+        self.views = ViewBuilder(self.store, self.runtime, tmp_path, self.jobs, self.admission, self.priors, self.costs)
         self.observer = Observer(self.store, self.jobs, ManagerMetrics(lambda: None), self.costs)  # type: ignore[arg-type, return-value]
+        self.capacity = FakeCapacity()
+        self.now = 100.0
+        self.wake = threading.Event()
+        self.commands = Commands(
+            store=self.store, jobs=self.jobs, lock=threading.RLock(), wake=self.wake, clock=lambda: self.now,
+            workdir=tmp_path, runtime=self.runtime, capacity=self.capacity, admission=self.admission,
+        )  # fmt: skip
+        self.applier = Applier(self.store, self.runtime, tmp_path, self.jobs, self.admission, report_interval_s=1.0)
 
     def add(self, name: str, now: float = 100.0):
         spec = parse_spec(SPEC.format(name=name))
@@ -273,3 +282,16 @@ def test_forgetting_a_deleted_job_drops_all_that_was_held_of_it(parts):
     assert parts.costs.of("x").pause_s == pytest.approx((5.0 + 0.1) / 2)  # every job's: the median of two
     assert parts.jobs.may_start("x", 200.0) and parts.jobs.failures_of("x") == 0 and "x" not in parts.jobs.unfit
     assert not parts.jobs.admitted("x") and "x" not in parts.jobs.ended
+
+
+def test_a_cancel_forgets_the_jobs_own_rescale_costs_as_any_end_does(parts):
+    from elasticps.runtime.reports import RescaleRecord
+
+    parts.costs.observe("c", RescaleRecord(1, (1, 1), (1, 2), 10, 5.0, 2.0, True, new_tasks=1))
+    parts.costs.observe("y", RescaleRecord(1, (1, 1), (1, 2), 10, 0.1, 2.0, True, new_tasks=1))
+    parts.add("c")
+    parts.run("c", (1, 1))
+    assert parts.costs.of("c").pause_s == 5.0  # its own records first
+    parts.commands.cancel("c")
+    assert parts.costs.of("c").pause_s == pytest.approx((5.0 + 0.1) / 2)  # every job's: the median of two
+    assert parts.jobs.in_use("c") and "c" not in parts.jobs.live and parts.wake.is_set()

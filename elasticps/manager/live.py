@@ -135,7 +135,9 @@ class JobTable:
         self._to_close.append((name, live))
 
     def cancelled(self, name: str) -> None:
-        """The job was cancelled (its state in the store is final): its handle, if any, is released."""
+        """The job was cancelled (its state in the store is final): its handle, if
+        any, is released, and its own rescale costs forgotten, as at any end."""
+        self.rescale_costs.forget(name)
         self.waiting.pop(name, None)
         live = self.live.get(name)
         if live is not None:
