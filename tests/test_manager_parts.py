@@ -295,3 +295,24 @@ def test_a_cancel_forgets_the_jobs_own_rescale_costs_as_any_end_does(parts):
     parts.commands.cancel("c")
     assert parts.costs.of("c").pause_s == pytest.approx((5.0 + 0.1) / 2)  # every job's: the median of two
     assert parts.jobs.in_use("c") and "c" not in parts.jobs.live and parts.wake.is_set()
+
+
+def test_a_cancel_ends_the_run_here_and_a_retry_starts_clean_unfit_event_again(parts):
+    parts.capacity.nodes = {"node-0": (0.75, 0.0)}  # a worker needs 1 CPU: the job can never fit
+    cluster = parts.capacity.view({})
+    parts.add("big")
+
+    def note_unfit(now: float) -> None:
+        views = parts.views.views([parts.store.get_job("big")], RoundReads(), cluster, now)
+        parts.applier.note_unfit(views, cluster, now)
+
+    note_unfit(200.0)
+    note_unfit(201.0)  # the same reason: stored once
+    assert parts.kinds("big").count("unfit") == 1 and "big" in parts.jobs.unfit
+    parts.jobs.count_failure("big")  # e.g. a start that failed earlier
+    parts.commands.cancel("big")
+    assert "big" not in parts.jobs.unfit and parts.jobs.failures_of("big") == 0 and "big" not in parts.jobs.waiting
+    parts.commands.retry("big")
+    assert parts.jobs.waiting["big"].reason.startswith("submitted")
+    note_unfit(300.0)  # the retried run cannot fit either: it says so, as its first run did
+    assert parts.kinds("big").count("unfit") == 2

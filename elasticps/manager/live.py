@@ -110,9 +110,8 @@ class JobTable:
         self.waiting[name] = SUBMITTED
 
     def retried(self, name: str) -> None:
-        """A new run of an ended job: no failures, no wait, and it waits for the next round."""
-        self._failures.pop(name, None)
-        self._not_before.pop(name, None)
+        """A new run of an ended job: it starts clean (see :meth:`_run_over`) and waits for the next round."""
+        self._run_over(name)
         self.submitted(name)
 
     def started(self, name: str, live: LiveJob) -> None:
@@ -136,9 +135,8 @@ class JobTable:
 
     def cancelled(self, name: str) -> None:
         """The job was cancelled (its state in the store is final): its handle, if
-        any, is released, and its own rescale costs forgotten, as at any end."""
-        self.rescale_costs.forget(name)
-        self.waiting.pop(name, None)
+        any, is released, and its run is over here, as at any end (:meth:`_run_over`)."""
+        self._run_over(name)
         live = self.live.get(name)
         if live is not None:
             self.release(name, live)
@@ -150,12 +148,22 @@ class JobTable:
 
     def finish(self, name: str, state: JobState, now: float, message: str) -> None:
         """Give a job with no handle here its final state (a cancel meanwhile stands)."""
-        self.rescale_costs.forget(name)
-        self.waiting.pop(name, None)
+        self._run_over(name)
         try:
             self.store.transition(name, state, now, message)
         except IllegalTransition as exc:  # e.g. cancelled meanwhile: the cancel stands
             log.info("%s", exc)
+
+    def _run_over(self, name: str) -> None:
+        """A run of the job ended (finished, failed, cancelled): what it left here is
+        no part of a next run (a retry): its own rescale costs, its failures in a
+        row and backoff, why it waited, and why it could not fit (a retry that
+        cannot fit says so again)."""
+        self.rescale_costs.forget(name)
+        self.waiting.pop(name, None)
+        self._failures.pop(name, None)
+        self._not_before.pop(name, None)
+        self._unfit.pop(name, None)
 
     def take_all(self) -> list[LiveJob]:
         """Every handle here and every one queued to close, taken out of the table (the manager shuts down)."""
@@ -276,11 +284,7 @@ class JobTable:
     # -- leaving for good
     def forget(self, name: str) -> None:
         """A deleted job: nothing held of it here may pass to a new job of its name."""
-        self._failures.pop(name, None)
-        self._not_before.pop(name, None)
-        self._unfit.pop(name, None)
+        self._run_over(name)
         self._admitted.discard(name)
         self.ended.pop(name, None)
-        self.waiting.pop(name, None)
-        self.rescale_costs.forget(name)
         self.priors.forget(name)
