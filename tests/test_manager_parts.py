@@ -11,6 +11,7 @@ from collections import OrderedDict
 
 import pytest
 
+from elasticps.errors import UnschedulableError
 from elasticps.manager import Store, parse_spec
 from elasticps.manager.admission import Admission
 from elasticps.manager.apply import Applier
@@ -24,7 +25,8 @@ from elasticps.manager.priors import FleetPriors
 from elasticps.manager.rescale_costs import RescaleCosts
 from elasticps.manager.runtime import Launch, ProgramInfo
 from elasticps.manager.shipping import ShipPolicy
-from elasticps.manager.states import JobState
+from elasticps.manager.spec import LimitsPatch
+from elasticps.manager.states import JobInUse, JobState
 from elasticps.runtime import JobConfig
 from elasticps.sched import Resources
 
@@ -316,3 +318,81 @@ def test_a_cancel_ends_the_run_here_and_a_retry_starts_clean_unfit_event_again(p
     assert parts.jobs.waiting["big"].reason.startswith("submitted")
     note_unfit(300.0)  # the retried run cannot fit either: it says so, as its first run did
     assert parts.kinds("big").count("unfit") == 2
+
+
+PLACED = {"ps-0": "node-0", "worker-0": "node-0"}
+
+
+def test_a_start_that_fails_counts_says_why_the_job_waits_and_fails_the_job_at_the_limit(parts):
+    parts.add("s")
+    cluster = parts.capacity.view({})
+    for n in range(1, MAX_FAILURES + 1):
+        parts.applier.new_round()
+        parts.runtime.fail_start = f"no room on node-0 ({n})"
+        parts.applier.apply(parts.store.get_job("s"), (1, 1), PLACED, 200.0 + n, cluster)
+        assert parts.jobs.failures_of("s") == (n if n < MAX_FAILURES else 0)  # at the limit the run is over
+        assert parts.store.events("s")[-1 if n < MAX_FAILURES else -2][4] == f"could not start: no room on node-0 ({n})"
+        if n < MAX_FAILURES:
+            parts.applier.note_waiting([parts.store.get_job("s")], [], cluster, {}, 200.0 + n)
+            assert parts.jobs.waiting["s"].reason == f"could not start: no room on node-0 ({n})"
+    rec = parts.store.get_job("s")
+    assert rec.state == JobState.FAILED and "s" not in parts.jobs.live and "s" not in parts.runtime.jobs
+    assert parts.store.events("s")[-1][4] == f"job failed: {MAX_FAILURES} starts failed: no room on node-0 (3)"
+
+
+def test_a_start_records_the_job_running_and_a_new_round_forgets_last_rounds_failed_start(parts):
+    parts.add("s")
+    cluster = parts.capacity.view({})
+    parts.runtime.fail_start = "no room"
+    parts.applier.apply(parts.store.get_job("s"), (1, 1), PLACED, 200.0, cluster)
+    parts.applier.new_round()  # the failed start was last round's: this round's reason is the view's
+    view = parts.view("s", now=201.0)
+    parts.applier.note_waiting([parts.store.get_job("s")], [view], cluster, {}, 201.0)
+    assert parts.jobs.waiting["s"].reason.startswith("queued behind 0 job(s)")
+    parts.applier.apply(parts.store.get_job("s"), (1, 1), PLACED, 202.0, cluster)
+    rec = parts.store.get_job("s")
+    assert rec.state == JobState.RUNNING and rec.desired == (1, 1)
+    assert parts.jobs.live["s"].asked == (1, 1) and "s" not in parts.jobs.waiting
+    assert parts.store.events("s")[-1][4] == "started with 1 PS x 1 workers"
+    parts.applier.note_waiting([rec], [view], cluster, {}, 203.0)  # a job running here gets no reason to wait
+    assert "s" not in parts.jobs.waiting
+
+
+def test_a_job_backing_off_after_a_failure_waits_for_that_not_for_room(parts):
+    parts.add("b")
+    parts.run("b", (1, 1))
+    parts.jobs.stopped_by_failure("b", parts.jobs.live["b"], 200.0, "JobFailedError: the node is gone")
+    cluster = parts.capacity.view({})
+    parts.applier.note_waiting([parts.store.get_job("b")], [], cluster, {}, 205.0)
+    assert parts.jobs.waiting["b"].reason == f"starts again from its latest checkpoint in 10 s (1/{MAX_FAILURES})"
+
+
+def test_submit_waits_for_a_round_and_a_job_that_can_never_fit_is_refused_with_no_folder(parts, tmp_path):
+    rec = parts.commands.submit(parse_spec(SPEC.format(name="ok")))
+    assert rec.state == JobState.PENDING and parts.wake.is_set()
+    assert parts.jobs.waiting["ok"].reason == "submitted: waiting for the next scheduling round"
+    parts.capacity.nodes = {"node-0": (0.75, 0.0)}
+    with pytest.raises(UnschedulableError, match="can never run on this cluster"):
+        parts.commands.submit(parse_spec(SPEC.format(name="big")))
+    assert "big" not in parts.jobs.waiting and not (tmp_path / "jobs.d" / "big").exists()
+    with pytest.raises(KeyError):
+        parts.store.get_job("big")
+
+
+def test_new_limits_ask_for_a_full_round_and_retry_and_delete_wait_for_a_stopping_run(parts):
+    parts.commands.submit(parse_spec(SPEC.format(name="j")))
+    parts.commands.set_limits("j", LimitsPatch.model_validate({"workers": {"max": 2}}))
+    assert parts.commands.reshape.is_set() and parts.store.get_job("j").spec.workers.max == 2
+    parts.run("j", (1, 1))
+    with pytest.raises(JobInUse, match="cancel it before deleting it"):
+        parts.commands.delete("j")
+    parts.commands.cancel("j")
+    with pytest.raises(JobInUse, match="still stopping"):
+        parts.commands.retry("j")
+    with pytest.raises(JobInUse, match="still stopping"):
+        parts.commands.delete("j")
+    parts.jobs.drain(threading.RLock())
+    assert parts.commands.delete("j").state == JobState.CANCELLED
+    assert "j" not in parts.jobs.ended  # forgotten with the job
+    with pytest.raises(KeyError):
+        parts.store.get_job("j")
