@@ -27,6 +27,11 @@ trains at the batch the policy picks for its shape (:func:`batches_for`) and
 progresses at samples/s x E(M), E from its noise scale, which grows as the job
 progresses (:func:`~elasticps.sim.workload.noise_scale_at`); the policy sees
 the noise scale of now (the runtime measures it every epoch).
+
+Why one long module: :func:`simulate` is one event loop whose rounds, reports
+and completions read and change the same jobs, clock and policy state, in an
+order that is the model; what stands apart lives elsewhere (workloads, truths,
+the bound, seeds, plots).
 """
 
 from __future__ import annotations
