@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from ray import exceptions as ray_errors
 
 from elasticps.errors import ConfigError, PlacementError, UserCodeError
 from elasticps.runtime import tasks
@@ -28,7 +29,7 @@ from elasticps.runtime.membership import (
 from elasticps.runtime.progress import Progress
 from elasticps.runtime.recovery import Checkpoints, Recovery, RecoveryPlan, plan_recovery
 from elasticps.runtime.reports import RescaleRecord
-from elasticps.runtime.rescale import JobHooks, Rescaler
+from elasticps.runtime.rescale import MAX_SWITCH_FAILURES, JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.task_group import TaskGroup
 
@@ -356,59 +357,197 @@ def test_removing_dead_tasks_kills_them_and_closes_the_gap(monkeypatch):
     assert not group.shards_change(list(group.ps)) and group.shards_change([])
 
 
-# --------------------------------------------- recovery with a rescale pending
+# ------------------------------------------- recovery with fake tasks and a rescale pending
 class _Actor:
-    """A fake actor handle: ``handle.method.remote(*args)`` records the call and returns ``method``."""
+    """A fake PS or worker actor: ``handle.method.remote(*args)`` returns a call
+    that the fake ``ray.get`` makes; a dead one raises as Ray's does."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.calls: list[str] = []
+    def __init__(self, name: str, params: list[float] | None = None) -> None:
+        self.name, self.dead, self.calls = name, False, []
+        self.state = ShardState(np.array(params or [], np.float32))
+        self.version = -1
 
     def __getattr__(self, method: str) -> SimpleNamespace:
-        return SimpleNamespace(remote=lambda *args, **kw: self.calls.append(method) or method)
+        return SimpleNamespace(remote=lambda *args, **kw: lambda: self._call(method, args))
+
+    def _call(self, method: str, args: tuple) -> object:
+        if self.dead:
+            raise ray_errors.RayActorError()
+        self.calls.append(method)
+        if method == "set_state":
+            self.state, self.version = args[0], args[1]
+        return self.state
 
 
-def test_a_restore_of_the_ps_cancels_a_pending_rescale_that_keeps_the_old_shards(tmp_path, monkeypatch):
-    """A rescale 2x1 -> 2x2 is starting its new worker (it keeps both running
-    PS) when PS 1 dies: the restore replaces both PS, so the pending change
-    must not switch back to the killed ones; its request is launched again."""
+def _starting(t: tasks.Task) -> SimpleNamespace:
+    """A started task of a pending change (it runs: ``to_task`` gives ``t``)."""
+    return SimpleNamespace(handle=t.handle, task=t)
+
+
+def _fake_job(tmp_path, monkeypatch, ps: dict[str, list[float]], workers: list[str], restore_ps: list[str]):
+    """A job at step 4 on fake tasks: ``ps`` {name: its shard's parameters},
+    ``workers``; a restore of the PS starts ``restore_ps``. ``.t[name]``: each
+    task, ``.killed``: the names of the tasks killed, ``.rewound``: the steps
+    of the checkpoints the job went back to."""
     from elasticps.runtime import task_group
 
-    dead, killed = {"p1"}, []
-    monkeypatch.setattr(task_group, "ray", SimpleNamespace(get=lambda refs: refs))
-    monkeypatch.setattr(tasks, "is_alive", lambda handle, timeout_s: handle.name not in dead)
-    monkeypatch.setattr(tasks, "kill", lambda handle: killed.append(handle.name))
+    killed: list[str] = []
+
+    def kill(handle: _Actor) -> None:
+        killed.append(handle.name)
+        handle.dead = True
+
+    monkeypatch.setattr(task_group, "ray", SimpleNamespace(get=lambda refs: [r() for r in refs]))
+    monkeypatch.setattr(tasks, "is_alive", lambda handle, timeout_s: not handle.dead)
+    monkeypatch.setattr(tasks, "kill", kill)
     monkeypatch.setattr(tasks, "retire", lambda handles: None)
+    monkeypatch.setattr(tasks, "all_ready", lambda pending: True)
+    monkeypatch.setattr(tasks, "to_task", lambda p: p.task)
     monkeypatch.setattr(tasks, "wait_ready", lambda pending, timeout_s, names: [p.task for p in pending])
-
-    def task(kind: str, name: str) -> tasks.Task:
-        return tasks.Task(kind, _Actor(name), "n", 0)  # type: ignore[arg-type]
-
-    def starting(t: tasks.Task) -> SimpleNamespace:
-        return SimpleNamespace(handle=t.handle, task=t)
-
+    t = {name: tasks.Task("ps", _Actor(name, params), "n", 0) for name, params in ps.items()}  # type: ignore[arg-type]
+    t.update({name: tasks.Task("worker", _Actor(name), "n", 0) for name in workers})  # type: ignore[arg-type]
+    t.update({name: tasks.Task("ps", _Actor(name), "n", 0) for name in restore_ps})  # type: ignore[arg-type]
     config = JobConfig(checkpoint_dir=str(tmp_path))
     lock = threading.RLock()
     group = TaskGroup(lock)
-    p0, p1, w0 = task("ps", "p0"), task("ps", "p1"), task("worker", "w0")
-    group.install(Shape(2, 1), {0: p0, 1: p1}, {0: w0}, None, step=0)
-    requests = Requests(Shape(2, 1), lock)
+    shape = Shape(len(ps), len(workers))
+    group.install(shape, {i: t[n] for i, n in enumerate(ps)}, {i: t[n] for i, n in enumerate(workers)}, None, 0)
+    requests = Requests(shape, lock)
     events: list[str] = []
     hooks = JobHooks(events.append, lambda: None, lambda: 4)
     rescaler = Rescaler(None, config, group, requests, hooks)
-    rid = requests.ask(Shape(2, 2))
-    new_worker = task("worker", "w1")
-    rescaler.pending = PendingChange(rid, Shape(2, 2), {}, {1: starting(new_worker)}, 0.0, "request", {0: p0, 1: p1})
-    new_ps = {0: starting(task("ps", "q0")), 1: starting(task("ps", "q1"))}
+    new_ps = {i: _starting(t[n]) for i, n in enumerate(restore_ps)}
     monkeypatch.setattr(
         rescaler,
         "launch",
         lambda shape, request_id, reason, strict: PendingChange(request_id, shape, new_ps, {}, 0.0, reason),
     )
     checkpoints = Checkpoints(config, events.append)
-    checkpoints.save(_checkpoint(2))
-    Recovery(rescaler, checkpoints, hooks, lambda ckpt: None).recover(RuntimeError("lost"))
+    rewound: list[int] = []
+    recovery = Recovery(rescaler, checkpoints, hooks, lambda ckpt: rewound.append(ckpt.step))
+    return SimpleNamespace(
+        t=t,
+        group=group,
+        requests=requests,
+        events=events,
+        rescaler=rescaler,
+        checkpoints=checkpoints,
+        recovery=recovery,
+        killed=killed,
+        rewound=rewound,
+    )
 
-    assert [t.handle.name for t in group.ps] == ["q0", "q1"] and {"p0", "p1"} <= set(killed)
-    assert rescaler.pending is None and "w1" in killed  # its new worker is stopped too
-    assert requests.unlaunched(None)  # the next boundary starts the request again, on the new shards
+
+def test_a_restore_of_the_ps_cancels_a_pending_rescale_that_keeps_the_old_shards(tmp_path, monkeypatch):
+    """A rescale 2x1 -> 2x2 is starting its new worker (it keeps both running
+    PS) when PS 1 dies: the restore replaces both PS, so the pending change
+    must not switch back to the killed ones; its request is launched again."""
+    job = _fake_job(tmp_path, monkeypatch, {"p0": [1, 2], "p1": [3, 4]}, ["w0"], ["q0", "q1"])
+    t = job.t
+    t["w1"] = tasks.Task("worker", _Actor("w1"), "n", 0)  # type: ignore[arg-type]
+    rid = job.requests.ask(Shape(2, 2))
+    job.rescaler.pending = PendingChange(
+        rid, Shape(2, 2), {}, {1: _starting(t["w1"])}, 0.0, "request", {0: t["p0"], 1: t["p1"]}
+    )
+    job.checkpoints.save(_checkpoint(2))
+    t["p1"].handle.dead = True
+    job.recovery.recover(RuntimeError("lost"))
+
+    assert [p.handle.name for p in job.group.ps] == ["q0", "q1"] and {"p0", "p1"} <= set(job.killed)
+    assert job.rescaler.pending is None and "w1" in job.killed  # its new worker is stopped too
+    assert job.requests.unlaunched(None)  # the next boundary starts the request again, on the new shards
+
+
+# -------------------------------------------- a task dies while a shape change is switched in
+@pytest.mark.parametrize(
+    ("dead_ps", "dead_workers", "dead_starting", "gathered", "expected"),
+    [
+        # an old PS died before the gather: the shards are lost, back to the checkpoint
+        (1, 0, 0, False, RecoveryPlan("lost", user_code=False, no_workers=False, replace=False)),
+        # an old PS died during the install: the state gathered at this step is whole
+        (1, 0, 0, True, RecoveryPlan("lost", user_code=False, no_workers=False, replace=False, from_state=True)),
+        # a new PS died during the install: the old shards may be re-cut, torn, though none of them died
+        (0, 0, 1, True, RecoveryPlan("torn", user_code=False, no_workers=False, replace=False, from_state=True)),
+        # a new task died before anything was gathered: nothing to restore, the change starts again
+        (0, 0, 1, False, RecoveryPlan(None, user_code=False, no_workers=False, replace=False)),
+        # nothing died: the program's code failed (its optimizer, building a shard)
+        (0, 0, 0, True, RecoveryPlan(None, user_code=True, no_workers=False, replace=False)),
+    ],
+)
+def test_recovery_plan_after_a_failed_switch(dead_ps, dead_workers, dead_starting, gathered, expected):
+    got = plan_recovery(dead_ps, dead_workers, 2, gathered, True, dead_starting=dead_starting, have_state=gathered)
+    assert got == expected
+
+
+@pytest.fixture
+def switch_job(tmp_path, monkeypatch):
+    """A 1x2 job at step 4 on fake tasks, with a rescale to 2x2 whose new PS
+    q1 runs: the next boundary re-cuts the state [1, 2, 3, 4] over p0 and q1;
+    a restore of the PS starts r0."""
+    job = _fake_job(tmp_path, monkeypatch, {"p0": [1, 2, 3, 4]}, ["w0", "w1"], ["r0"])
+    t = job.t
+    t["q1"] = tasks.Task("ps", _Actor("q1"), "n", 0)  # type: ignore[arg-type]
+    job.rid = job.requests.ask(Shape(2, 2))
+    job.rescaler.pending = PendingChange(
+        job.rid, Shape(2, 2), {1: _starting(t["q1"])}, {}, 0.0, "request", {0: t["p0"]}, {0: t["w0"], 1: t["w1"]}
+    )
+    job.p0, job.q1, job.r0, job.w1 = (t[n].handle for n in ("p0", "q1", "r0", "w1"))
+    return job
+
+
+def test_a_new_ps_dead_at_the_switch_restores_the_torn_shards_from_the_gathered_state(switch_job):
+    """The running PS takes its half of the re-cut state, the new one is dead:
+    the old shard is torn though no task the job used died. The whole state
+    gathered at step 4 goes onto a new shard; nothing goes back to a checkpoint
+    (there is none) and the request is started again."""
+    job = switch_job
+    job.q1.dead = True
+    with pytest.raises(SwitchFailed) as failed:
+        job.rescaler.at_boundary()
+    assert job.p0.calls == ["get_state", "set_state"] and list(job.p0.state.params) == [1, 2]  # torn
+    job.recovery.recover_switch(failed.value)
+
+    assert [t.handle for t in job.group.ps] == [job.r0] and "p0" in job.killed and "q1" in job.killed
+    assert list(job.r0.state.params) == [1, 2, 3, 4] and job.r0.version == 4 and job.rewound == []
+    assert any("the PS restored from the state gathered at step 4 (no steps lost)" in e for e in job.events)
+    assert not any("shard(s) died" in e for e in job.events), job.events
+    assert job.rescaler.pending is None and job.requests.unlaunched(None) and job.rescaler.records == []
+
+
+def test_an_old_ps_dead_at_the_switch_restores_from_the_checkpoint(switch_job):
+    job = switch_job
+    job.checkpoints.save(_checkpoint(2))
+    job.p0.dead = True
+    with pytest.raises(SwitchFailed) as failed:
+        job.rescaler.at_boundary()
+    assert failed.value.state is None  # the gather failed
+    job.recovery.recover_switch(failed.value)
+    assert [t.handle for t in job.group.ps] == [job.r0] and job.rewound == [2] and job.r0.version == 2
+    assert any("1 PS shard(s) died; restored from checkpoint at step 2 (lost 2 steps)" in e for e in job.events)
+    assert "q1" in job.killed and job.requests.unlaunched(None)
+
+
+def test_a_rescale_whose_switch_keeps_failing_fails_with_the_reason(switch_job):
+    job = switch_job
+    for _ in range(MAX_SWITCH_FAILURES):
+        assert job.requests.unlaunched(None) and not job.rescaler.records
+        failed = SwitchFailed(job.rid, Shape(2, 2), [], None, ray_errors.RayActorError())
+        job.rescaler.switch_failed(failed, None)
+    [record] = job.rescaler.records
+    assert record.request_id == job.rid and not record.ok
+    assert f"a task died while it was switched in, {MAX_SWITCH_FAILURES} times" in record.error
+    assert not job.requests.unlaunched(None) and job.requests.target.num_workers == 2
+
+
+def test_a_torn_update_says_what_happened_when_it_restores(switch_job):
+    """A worker's gradient was lost after some shards applied step 4: the
+    event names the torn update, not "0 PS shard(s) died"; the pending
+    rescale kept that worker, so it is started again."""
+    job = switch_job
+    job.checkpoints.save(_checkpoint(2))
+    job.w1.dead = True
+    job.recovery.recover(ray_errors.RayActorError(), ps_inconsistent=True)
+    assert job.rewound == [2] and [t.handle for t in job.group.ps] == [job.r0] and len(job.group.workers) == 1
+    want = "an update failed part-way (a worker's gradient was lost); restored from checkpoint at step 2 (lost 2 steps)"
+    assert want in job.events and not any("shard(s) died" in e for e in job.events), job.events
+    assert job.rescaler.pending is None and "q1" in job.killed

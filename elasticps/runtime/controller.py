@@ -23,7 +23,10 @@ over the new PS before the next step reads it), and no step is in flight then
 restores what a step half-applied before the next one starts: a step that no
 shard applied is redone, one that every shard applied stands, and shards torn
 between the two are restored, with the step and data position, from the
-newest checkpoint (``recovery``).
+newest checkpoint (``recovery``). A task that dies while a shape change is
+switched in is recovered from the same way, the shards from the state the
+switch gathered at this boundary if it got that far; the change then starts
+again against the tasks there are.
 
 Over 400 lines because it is the job's public API (about half of the file,
 docstrings included) beside the one place that orders the pieces; the work
@@ -55,7 +58,7 @@ from elasticps.runtime.recorder import MAX_WINDOWS, StepRecorder
 from elasticps.runtime.recorder import Shape as RecordedShape
 from elasticps.runtime.recovery import Checkpoints, Recovery
 from elasticps.runtime.reports import EpochReport, JobReport, RescaleRecord, WindowReport
-from elasticps.runtime.rescale import JobHooks, Rescaler
+from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.task_group import TaskGroup
 
@@ -217,7 +220,11 @@ class JobController:
         ``timeout_s``) until they run, without training meanwhile. The switch
         itself happens at the next step boundary. For callers that drive
         :meth:`run` themselves; returns whether everything is running."""
-        return self._rescale.prepare(timeout_s)
+        try:
+            return self._rescale.prepare(timeout_s)
+        except SwitchFailed as failed:  # tasks released ahead of it: one died meanwhile
+            self._recovery.recover_switch(failed)
+            return False
 
     def parameters(self) -> np.ndarray:
         """A copy of the current flat parameters, gathered from the PS shards."""
@@ -357,7 +364,10 @@ class JobController:
                 f"{self.program.lr_scaling} scaling)"
             )
             p.batch_size = batch
-        self._rescale.at_boundary()
+        try:
+            self._rescale.at_boundary()
+        except SwitchFailed as failed:  # a task died while a shape change was switched in
+            self._recovery.recover_switch(failed)
         if self._checkpoints.due(p.step):
             self.checkpoint()
 

@@ -13,6 +13,15 @@ What a failed step may have left, and what restores it:
 - a PS shard died: the same restore, onto new shards;
 - no task died: the program's own code failed (:class:`UserCodeError`).
 
+A task may also die while a shape change is switched in at a boundary (the
+running shards' state gathered, re-cut and installed on the new PS list):
+:meth:`Recovery.recover_switch` stops the change's new tasks and recovers the
+running ones the same way, except that once the switch had gathered the
+state, the shards are restored from it (the state at this step: no step is
+lost). A new PS that dies after the running shards took their new cut leaves
+them torn though none of them died. The change is then started again against
+the tasks there are, and its request fails after ``MAX_SWITCH_FAILURES``.
+
 A shape change whose new tasks were starting keeps running tasks by
 identity; if the recovery removed one of them, the change is cancelled and
 its request started again at the next boundary (switching to it would bring
@@ -36,33 +45,46 @@ from elasticps.runtime import tasks
 from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore, Layout, layout_mismatch
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.membership import Shape, task_name
-from elasticps.runtime.rescale import JobHooks, Rescaler
+from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
+from elasticps.runtime.shard_state import ShardState
 
 
 @dataclass(frozen=True)
 class RecoveryPlan:
     """``restore``: ``torn`` (shards disagree, none died) or ``lost`` (a shard
-    died): restore the PS from the newest checkpoint. ``user_code``: no task
-    died. ``no_workers``: every worker died, then ``replace`` them or fail."""
+    died): restore the PS, ``from_state`` (the whole state gathered at this
+    step: nothing lost) or else from the newest checkpoint. ``user_code``: no
+    task died. ``no_workers``: every worker died, then ``replace`` them or fail."""
 
     restore: Literal["torn", "lost"] | None
     user_code: bool
     no_workers: bool
     replace: bool
+    from_state: bool = False
 
 
 def plan_recovery(
-    dead_ps: int, dead_workers: int, workers: int, ps_inconsistent: bool, replace_dead_workers: bool
+    dead_ps: int,
+    dead_workers: int,
+    workers: int,
+    ps_inconsistent: bool,
+    replace_dead_workers: bool,
+    dead_starting: int = 0,
+    have_state: bool = False,
 ) -> RecoveryPlan:
-    """What to do after a failed step with ``dead_ps`` PS and ``dead_workers``
-    of ``workers`` workers dead."""
+    """What to do after a failed step or switch with ``dead_ps`` PS and
+    ``dead_workers`` of ``workers`` workers dead, and ``dead_starting`` of the
+    new tasks of a shape change that was switched in. ``have_state``: the
+    shards' whole state was gathered at this step before the failure."""
     restore: Literal["torn", "lost"] | None = None
     if dead_ps:
         restore = "lost"
-    elif ps_inconsistent and dead_workers:
+    elif ps_inconsistent and (dead_workers or dead_starting):
         restore = "torn"
     no_workers = dead_workers == workers
-    return RecoveryPlan(restore, not dead_ps and not dead_workers, no_workers, no_workers and replace_dead_workers)
+    user_code = not dead_ps and not dead_workers and not dead_starting
+    replace = no_workers and replace_dead_workers
+    return RecoveryPlan(restore, user_code, no_workers, replace, from_state=restore is not None and have_state)
 
 
 class Checkpoints:
@@ -126,25 +148,70 @@ class Recovery:
         ``ps_inconsistent``: the failure hit the update, so some shards may have
         applied the step and others not; the PS are restored from the checkpoint.
         """
+        torn = "an update failed part-way (a worker's gradient was lost)"
+        self._recover(exc, ps_inconsistent, torn, f"step {self._step()}")
+
+    def recover_switch(self, failed: SwitchFailed) -> None:
+        """After a shape change failed while it was switched in at a boundary:
+        stop its new tasks, recover the running ones as after a failed step
+        (the shards from the state it gathered if it got that far), then start
+        the change again against the tasks there are (or fail its request)."""
+        shape = failed.shape
+        self._event(
+            f"the rescale to {shape.num_ps}x{shape.num_workers} failed while it was switched in: {failed.cause_text}"
+        )
+        timeout = self.config.liveness_timeout_s
+        dead_starting = sum(not tasks.is_alive(h, timeout) for h in failed.starting)
+        for handle in failed.starting:
+            tasks.kill(handle)
+        try:
+            self._recover(
+                failed.cause,
+                failed.state is not None,
+                "a task died while the shards were re-cut",
+                f"the rescale at step {self._step()}",
+                state=failed.state,
+                dead_starting=dead_starting,
+            )
+        except Exception as exc:
+            self.rescaler.switch_failed(failed, f"the job failed while it was switched in: {type(exc).__name__}: {exc}")
+            raise
+        self.rescaler.switch_failed(failed, None)
+
+    def _recover(
+        self,
+        exc: BaseException,
+        ps_inconsistent: bool,
+        torn_why: str,
+        during: str,
+        state: ShardState | None = None,
+        dead_starting: int = 0,
+    ) -> None:
         group = self.group
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if not tasks.is_alive(t.handle, timeout)]
         dead_workers = [t for t in group.workers if not tasks.is_alive(t.handle, timeout)]
         self.rescaler.suspects.mark([t.node_id for t in dead_ps + dead_workers], time.monotonic())
         plan = plan_recovery(
-            len(dead_ps), len(dead_workers), len(group.workers), ps_inconsistent, self.config.replace_dead_workers
+            len(dead_ps),
+            len(dead_workers),
+            len(group.workers),
+            ps_inconsistent,
+            self.config.replace_dead_workers,
+            dead_starting,
+            state is not None,
         )
+        source = state if plan.from_state else None
         if plan.restore == "torn":
-            self._event("an update failed part-way (a worker's gradient was lost)")
-            self._restore_ps(0)
+            self._restore_ps(torn_why, source)
         if plan.user_code:
             cause = getattr(exc, "cause", None) or exc
-            raise UserCodeError(f"step {self._step()} failed in user code: {type(cause).__name__}: {cause}") from exc
+            raise UserCodeError(f"{during} failed in user code: {type(cause).__name__}: {cause}") from exc
         if dead_workers:
             self._event(f"{len(dead_workers)} worker(s) died; continuing with {len(group.workers) - len(dead_workers)}")
             group.remove(dead_workers)
         if plan.restore == "lost":
-            self._restore_ps(len(dead_ps))
+            self._restore_ps(f"{len(dead_ps)} PS shard(s) died", source)
         if plan.no_workers:
             if not plan.replace:
                 raise JobFailedError("every worker died and replace_dead_workers is off") from exc
@@ -160,15 +227,18 @@ class Recovery:
         self.group.install(Shape(len(self.group.ps), len(started)), {}, dict(enumerate(started)), None, self._step())
         self._event(f"replaced all workers ({len(started)})")
 
-    def _restore_ps(self, dead: int) -> None:
-        """New shards with the newest checkpoint's state; the job goes back to its step."""
-        if self.checkpoints.store is None:
-            raise JobFailedError("a PS shard died and no checkpoint_dir is configured")
-        ckpt = self.checkpoints.latest()
-        if ckpt is None:
-            raise JobFailedError("a PS shard died before the first checkpoint")
+    def _restore_ps(self, why: str, state: ShardState | None) -> None:
+        """New shards with ``state`` (the whole state at this step), else with
+        the newest checkpoint's, and the job goes back to its step. ``why``:
+        what happened, for the event and errors."""
+        ckpt = None
+        if state is None:
+            if self.checkpoints.store is None:
+                raise JobFailedError(f"{why} and no checkpoint_dir is configured")
+            ckpt = self.checkpoints.latest()
+            if ckpt is None:
+                raise JobFailedError(f"{why} before the first checkpoint")
         group = self.group
-        lost = self._step() - ckpt.step
         num_ps = len(group.ps)
         group.remove(list(group.ps))
         placement = {k: v for k, v in self.requests.target.placement.items() if k.startswith("ps-")}
@@ -179,6 +249,13 @@ class Recovery:
             tasks.kill(p.handle)
         names = [task_name("ps", i) for i in pending.new_ps]
         started = tasks.wait_ready(list(pending.new_ps.values()), self.config.placement_timeout_s, names)
+        shape = Shape(num_ps, len(group.workers))
+        if ckpt is None:
+            step = self._step()
+            group.install(shape, dict(enumerate(started)), {}, state, step)
+            self._event(f"{why}; the PS restored from the state gathered at step {step} (no steps lost)")
+            return
+        lost = self._step() - ckpt.step
         self._rewind(ckpt)
-        group.install(Shape(num_ps, len(group.workers)), dict(enumerate(started)), {}, ckpt.state, ckpt.step)
-        self._event(f"{dead} PS shard(s) died; restored from checkpoint at step {ckpt.step} (lost {lost} steps)")
+        group.install(shape, dict(enumerate(started)), {}, ckpt.state, ckpt.step)
+        self._event(f"{why}; restored from checkpoint at step {ckpt.step} (lost {lost} steps)")

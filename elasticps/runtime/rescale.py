@@ -53,6 +53,27 @@ class JobHooks:
     step: Callable[[], int]
 
 
+MAX_SWITCH_FAILURES = 3  # a request whose tasks die this often while switched in fails
+
+
+class SwitchFailed(Exception):
+    """A task died (or failed) while a shape change was switched in at a boundary.
+
+    ``request_id``/``shape``: the change's request; ``starting``: the handles of
+    its new tasks (to stop: the change is off); ``state``: the shards' whole
+    state, gathered at this step before the install failed (the install may
+    have re-cut some shards, so they are torn; None: nothing was gathered, the
+    shards are as the last step left them); ``cause``: the error."""
+
+    def __init__(
+        self, request_id: int, shape: Shape, starting: list[Any], state: ShardState | None, cause: Exception
+    ) -> None:
+        lines = str(cause).strip().splitlines()  # Ray's errors run to many lines: the first says what
+        self.cause_text = f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
+        super().__init__(f"switching to {shape.num_ps}x{shape.num_workers} failed: {self.cause_text}")
+        self.request_id, self.shape, self.starting, self.state, self.cause = request_id, shape, starting, state, cause
+
+
 class Rescaler:
     """Carries a job's rescale ``requests`` out on ``group``."""
 
@@ -65,6 +86,7 @@ class Rescaler:
         self._event, self._flush, self._step = hooks.event, hooks.flush_window, hooks.step
         self.pending: PendingChange | None = None
         self.records: list[RescaleRecord] = []  # every shape change and failed request, in order
+        self._switch_failures: dict[int, int] = {}  # request id: how often its switch failed
         self.suspects = SuspectNodes()  # nodes where tasks died: not pinned to for a while
         self.dataset_ref: Any = None  # the training set in the object store, for new workers (None: they build it)
 
@@ -122,7 +144,7 @@ class Rescaler:
         verdict = pending.verdict(tasks.all_ready(started), time.monotonic(), self.config.placement_timeout_s)
         if verdict == "apply":
             self.pending = None
-            self._apply_change(pending, [tasks.to_task(p) for p in started])
+            self._apply_change(pending)
         elif verdict == "give_up":
             self.pending = None
             waited = time.monotonic() - pending.launched_at
@@ -139,7 +161,7 @@ class Rescaler:
             self.cancel_pending()
         if decision.reason is not None:
             try:
-                self._release_first(decision.shape)
+                self._release_first(decision.shape, decision.request_id)
                 self.pending = self.launch(decision.shape, decision.request_id, decision.reason, strict=False)
             except PlacementError as exc:
                 self.fail_request(decision.request_id, decision.shape, str(exc), 0.0)
@@ -204,7 +226,7 @@ class Rescaler:
         now = time.monotonic()
         return wanted(kind, shape, nodes, lambda n: self.suspects.suspect(n, now))
 
-    def _release_first(self, shape: Shape) -> None:
+    def _release_first(self, shape: Shape, request_id: int) -> None:
         """Switch to the running tasks ``shape`` keeps first, if its new tasks
         have no room beside the old ones (see :func:`membership.release_plan`)."""
         group = self.group
@@ -222,8 +244,14 @@ class Rescaler:
         self._flush()
         t0 = time.perf_counter()
         before = group.counts()
-        state = group.gather_state() if group.shards_change(ps) else None
-        group.install(Shape(len(ps), len(workers)), dict(enumerate(ps)), dict(enumerate(workers)), state, self._step())
+        kept = Shape(len(ps), len(workers))
+        self._switch(
+            request_id,
+            shape,
+            [],
+            ps,
+            lambda state: group.install(kept, dict(enumerate(ps)), dict(enumerate(workers)), state, self._step()),
+        )
         pause = time.perf_counter() - t0
         with self._lock:
             self.records.append(
@@ -251,6 +279,24 @@ class Rescaler:
         shape = pending.shape
         self._event(f"the rescale to {shape.num_ps}x{shape.num_workers} kept tasks that are gone: starting it again")
 
+    def switch_failed(self, failed: SwitchFailed, job_error: str | None) -> None:
+        """After the recovery from ``failed``: its request stays unapplied, so the
+        next boundary starts it again against the tasks there are; it fails
+        once its switch failed ``MAX_SWITCH_FAILURES`` times or the job failed
+        (``job_error``). A replacement of dead workers has no request of its own:
+        the target stands and is started again."""
+        rid, shape = failed.request_id, failed.shape
+        n = self._switch_failures[rid] = self._switch_failures.get(rid, 0) + 1
+        if rid <= self.requests.applied:
+            return
+        if job_error is not None:
+            self.fail_request(rid, shape, job_error, 0.0)
+        elif n >= MAX_SWITCH_FAILURES:
+            error = f"a task died while it was switched in, {n} times (the last: {failed.cause_text})"
+            self.fail_request(rid, shape, error, 0.0)
+        else:
+            self._event(f"the rescale to {shape.num_ps}x{shape.num_workers} starts again against the tasks there are")
+
     def fail_request(self, request_id: int, shape: Shape, error: str, launch_s: float) -> None:
         with self._lock:
             current = self.group.counts()
@@ -262,14 +308,39 @@ class Rescaler:
             self.requests.mark_failed(request_id, Shape(*current, self.group.placement()))
         self._event(f"rescale to {shape.num_ps}x{shape.num_workers} failed: {error}")
 
-    def _apply_change(self, pending: PendingChange, started: list[tasks.Task]) -> None:
+    def _switch(
+        self,
+        request_id: int,
+        shape: Shape,
+        starting: list[Any],
+        ps: list[Any],
+        install: Callable[[ShardState | None], None],
+    ) -> None:
+        """Gather the shards' state if the PS list ``ps`` (slot by slot) re-cuts
+        it, then ``install(state)``. A Ray error (a task died) becomes
+        :class:`SwitchFailed` with the state gathered and ``starting`` (the
+        handles of the change's new tasks)."""
+        state = None
+        try:
+            state = self.group.gather_state() if self.group.shards_change(ps) else None
+            install(state)
+        except ray.exceptions.RayError as exc:
+            raise SwitchFailed(request_id, shape, starting, state, exc) from exc
+
+    def _apply_change(self, pending: PendingChange) -> None:
         """Switch to the new shape. The pause is the time spent here."""
         self._flush()  # a window measures one shape: the steps before the switch are the old one's
         t0 = time.perf_counter()
         before = self.group.counts()
         slots = [pending.kept_ps.get(i) for i in range(pending.shape.num_ps)]  # None: a new PS
-        state = self.group.gather_state() if self.group.shards_change(slots) else None
-        self.install(pending, started, state)
+        handles = [p.handle for p in pending.starting()]
+        try:
+            started = [tasks.to_task(p) for p in pending.starting()]
+        except ray.exceptions.RayError as exc:  # one died before it ran
+            raise SwitchFailed(pending.request_id, pending.shape, handles, None, exc) from exc
+        self._switch(
+            pending.request_id, pending.shape, handles, slots, lambda state: self.install(pending, started, state)
+        )
         pause = time.perf_counter() - t0
         record = RescaleRecord(
             request_id=pending.request_id,
