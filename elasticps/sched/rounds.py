@@ -12,8 +12,8 @@ job has wished to shrink) is carried only by full rounds.
 The pin holds running jobs' shapes, not their places: a policy that stops a
 running job for a waiting one does so in these rounds too. Tiresias does
 (its least-attained-service rule puts a new job ahead of one that has run,
-as the paper's scheduler does on an arrival); elastic, greedy and optimus
-admit running jobs first and never do.
+as the paper's scheduler does on an arrival); elastic and greedy admit
+running jobs first and never do.
 
 Pure code: a driver pins the views it hands the policy.
 """
