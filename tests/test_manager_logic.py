@@ -743,6 +743,34 @@ def test_the_loop_runs_a_full_round_on_new_limits_and_an_admission_round_on_a_su
     del manager.step  # the fixture's last round is a real one
 
 
+def test_a_full_round_for_new_limits_that_fails_is_run_again(env):
+    manager, _, _ = env
+    submit(manager, "a")
+    calls = []
+
+    def step(full=True):
+        calls.append(full)
+        if len(calls) == 2:
+            raise RuntimeError("this round fails")
+        return {}
+
+    manager.step = step
+    stop = threading.Event()
+    loop = threading.Thread(target=manager.run, args=(3600.0, stop), kwargs={"watch_s": 0.05})
+    loop.start()
+    try:
+        _wait_for(lambda: calls == [True])
+        manager.set_limits("a", LimitsPatch(workers=Range(max=2)))
+        _wait_for(lambda: len(calls) >= 3)  # the full round failed; the next pass runs it again, full
+        assert calls[:3] == [True, True, True]
+    finally:
+        stop.set()
+        manager.wake.set()
+        loop.join(10)
+    assert not loop.is_alive()
+    del manager.step
+
+
 def _wait_for(condition, timeout_s: float = 10.0) -> None:
     import time
 

@@ -41,3 +41,35 @@ def test_only_running_jobs_are_pinned_and_their_probes_dropped():
     assert (run.min_ps, run.max_ps, run.min_workers, run.max_workers) == (2, 2, 3, 3)
     assert run.probes == () and run.explore is None
     assert new is jobs[1]
+
+
+def test_an_admission_round_keeps_the_shrink_count_and_takes_what_accounts_time():
+    from elasticps.sched.policies.base import PolicyState
+    from elasticps.sched.policies.tiresias import TiresiasState
+    from elasticps.sched.rounds import state_after
+
+    before, pinned = PolicyState(shrink_wishes={"run": 2}), PolicyState(shrink_wishes={})
+    assert state_after(before, pinned, full=False).shrink_wishes == {"run": 2}  # pinned jobs wish nothing
+    assert state_after(before, pinned, full=True).shrink_wishes == {}
+    ran = TiresiasState(service={"new": 0.0, "run": 3.0}, ran_s={"run": 300.0}, age_s={"new": 0.0, "run": 600.0})
+    kept = state_after(TiresiasState(service={"run": 1.0}), ran, full=False)
+    assert isinstance(kept, TiresiasState) and kept.age_s == ran.age_s and kept.service == ran.service
+
+
+def test_an_elastic_shrink_is_not_reset_by_admission_rounds_between_full_ones():
+    """The fair share wants "big" smaller (shrink_rounds=3: three full rounds of wishing); admission rounds
+    between them neither shrink it nor reset the count (pinned, it wishes nothing)."""
+    from elasticps.sched.rounds import state_after
+
+    policy = make_policy("elastic")
+    cluster = make_cluster(n=1, cpu=14.0)
+    jobs = [
+        make_job("big", current=(4, 8), max_ps=4, max_workers=8, arrival=0.0, remaining_samples=1e9),
+        make_job("small", current=(1, 1), max_ps=4, max_workers=8, arrival=5.0, remaining_samples=1e9),
+    ]
+    state, decisions = None, []
+    for full in (True, False, True, False, True):
+        decision, new = policy.decide(jobs if full else admission_only(jobs), cluster, state)
+        state = state_after(state, new, full)
+        decisions.append(decision["big"])
+    assert decisions[:4] == [(4, 8)] * 4 and decisions[4] != (4, 8), decisions  # the third full round shrinks it

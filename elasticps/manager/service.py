@@ -56,7 +56,7 @@ from elasticps.runtime.output import JobLog
 from elasticps.sched import ClusterView, JobView, PolicyState, Resources, make_policy
 from elasticps.sched.objectives import batches_for
 from elasticps.sched.policies.base import Policy
-from elasticps.sched.rounds import admission_only
+from elasticps.sched.rounds import admission_only, state_after
 
 log = logging.getLogger("elasticps.manager")
 
@@ -209,13 +209,12 @@ class Manager:
 
             def decide(of: list[JobView]) -> tuple:
                 decision, new_state = self.policy.decide(of if full else admission_only(of), cluster, state)
-                placed = place(of, decision, cluster, current, self.placement_method)
+                placed = place(of, decision, cluster, current, self.placement_method, compact=full)
                 # a running job whose new shape did not fit on the nodes keeps its old one
                 return decision, new_state, placed, batches_for(of, placed.shapes, self.objective)
 
             (decision, new_state, placed, batches), views, culprits = decide_isolated(decide, views)
-            if full:  # the policy's state (rounds a job wished to shrink) counts full rounds only
-                self.state = new_state
+            self.state = state_after(self.state, new_state, full)
             for name, why in culprits.items():
                 self.jobs.fail_on_figures(name, now, why)
             self.decisions.append((now, dict(decision)))
@@ -264,6 +263,7 @@ class Manager:
             due = time.monotonic() - last_round >= interval_s
             woken = self.wake.is_set()
             self.wake.clear()
+            reshape = False
             try:
                 self.drain()
                 with self._lock:
@@ -284,11 +284,15 @@ class Manager:
                     if due or reshape:  # the interval runs from the last full round
                         last_round = time.monotonic()
                     self.step(full=due or reshape)
+                    reshape = False
                     settled_at = time.monotonic() + settle_s
             except sqlite3.OperationalError as exc:  # another process holds the database, or the disk is full
                 log.warning("scheduling round skipped: the database cannot be written now (%s)", exc)
             except Exception:
                 log.exception("scheduling round failed")
+            if reshape:  # new limits or capacity whose full round failed: the next pass tries it again
+                self.reshape.set()
+                self.wake.set()
             self.wake.wait(watch_s)
 
     def report(self, name: str) -> JobReport | None:

@@ -6,8 +6,11 @@ job's **arrival or end** only starts waiting jobs in the room that is free:
 running jobs keep their shapes until the next full round. Reacting to each
 arrival by shrinking running jobs, and to each end by growing them, moved
 jobs back and forth within minutes, each move a pause; a waiting job still
-starts as soon as room for it is free. The policy's state (how many rounds a
-job has wished to shrink) is carried only by full rounds.
+starts as soon as room for it is free. Placement moves no running job in
+these rounds (no compaction). Of the policy's state, what counts rounds (how
+many full rounds a job has wished to shrink) is carried only by full rounds;
+what accounts time (Tiresias's service and waiting) by every round
+(:func:`state_after`).
 
 The pin holds running jobs' shapes, not their places: a policy that stops a
 running job for a waiting one does so in these rounds too. Tiresias does
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from elasticps.sched.policies.base import PolicyState
 from elasticps.sched.types import JobView
 
 
@@ -34,3 +38,12 @@ def admission_only(views: list[JobView]) -> list[JobView]:
 def _held(view: JobView) -> JobView:
     p, w = view.current  # type: ignore[misc]
     return dataclasses.replace(view, min_ps=p, max_ps=p, min_workers=w, max_workers=w, explore=None, probes=())
+
+
+def state_after(old: PolicyState | None, new: PolicyState, full: bool) -> PolicyState:
+    """The policy state to carry into the next round: a full round's whole; an
+    admission round's with the shrink wishes of before (pinned jobs wish
+    nothing, which would reset the count)."""
+    if full:
+        return new
+    return dataclasses.replace(new, shrink_wishes=dict(old.shrink_wishes) if old is not None else {})

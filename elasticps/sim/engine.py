@@ -60,7 +60,7 @@ from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.goodput import batch_candidates, statistical_efficiency
 from elasticps.sched.objectives import DEFAULT_EFFICIENCY_THRESHOLD, batches_for
 from elasticps.sched.policies import make_policy, options_for
-from elasticps.sched.rounds import admission_only
+from elasticps.sched.rounds import admission_only, state_after
 from elasticps.sched.speed import PRIOR_PER_JOB, fleet_prior
 from elasticps.sched.synthetic import ModelKind, kind_speed
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
@@ -371,16 +371,15 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         cluster = cluster_view()
         t0 = time.perf_counter()
         decision, new_state = policy.decide(views if full else admission_only(views), cluster, state)
-        state = new_state if full else state
-        placed = place(
-            views, decision, cluster, {j: active[j].placement for j in active if active[j].shape}, config.placement
-        )
+        state = state_after(state, new_state, full)
+        current = {j: active[j].placement for j in active if active[j].shape}
+        placed = place(views, decision, cluster, current, config.placement, compact=full)
         decision = placed.shapes  # a running job whose new shape did not fit on the nodes kept its old one
         batches = batches_for(views, decision, config.objective)
         decision_times.append(time.perf_counter() - t0)
         left: dict[str, Resources] | None = None  # the room left once placed: worked out if a GPU job is spread
         by_id = {v.id: v for v in views}
-        for job in active.values():
+        for job in active.values() if full else ():  # GPU spread is counted where placement may move jobs
             jid = job.spec.id
             where = placed.placement.get(jid)
             if not (job.kind.allreduce and where and jid in decision):
