@@ -209,7 +209,7 @@ class Manager:
 
             def decide(of: list[JobView]) -> tuple:
                 decision, new_state = self.policy.decide(of if full else admission_only(of), cluster, state)
-                placed = place(of, decision, cluster, current, self.placement_method, compact=full)
+                placed = place(of, decision, cluster, current, self.placement_method)
                 # a running job whose new shape did not fit on the nodes keeps its old one
                 return decision, new_state, placed, batches_for(of, placed.shapes, self.objective)
 

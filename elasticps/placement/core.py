@@ -305,15 +305,13 @@ def place(
     cluster: ClusterView,
     current: dict[str, JobPlacement] | None = None,
     method: str = "locality",
-    compact: bool = True,
 ) -> PlacementResult:
     """A node for every task of every job in ``decision``.
 
     Jobs whose shape did not change keep their current nodes when those still
     have room (no move); the others are placed, biggest first. ``cluster``'s
     ``available`` must exclude only other tenants: the jobs' own tasks are placed
-    from scratch here. ``compact=False``: no running job is moved onto fewer
-    nodes (a round that only starts waiting jobs, :mod:`elasticps.sched.rounds`).
+    from scratch here.
     """
     if method not in PLACERS:
         raise ConfigError(f"placement must be one of {sorted(PLACERS)}, got {method!r}")
@@ -348,7 +346,7 @@ def place(
             result.unplaceable.append(job.id)
             continue
         result.placement[job.id] = placed
-    if method == "locality" and compact:
+    if method == "locality":
         _compact(jobs, result.shapes, cluster, room, result)
     for job_id, placed in result.placement.items():
         old = current.get(job_id, {})

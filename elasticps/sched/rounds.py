@@ -6,8 +6,11 @@ job's **arrival or end** only starts waiting jobs in the room that is free:
 running jobs keep their shapes until the next full round. Reacting to each
 arrival by shrinking running jobs, and to each end by growing them, moved
 jobs back and forth within minutes, each move a pause; a waiting job still
-starts as soon as room for it is free. Placement moves no running job in
-these rounds (no compaction). Of the policy's state, what counts rounds (how
+starts as soon as room for it is free. Placement may still move a spread
+running job onto fewer nodes that the end of another freed (compaction: it
+lowers the job's span, and no arrival undoes it, since running jobs keep
+their nodes while they have room; in the simulator it was worth 10% of the
+contended workload's avg JCT). Of the policy's state, what counts rounds (how
 many full rounds a job has wished to shrink) is carried only by full rounds;
 what accounts time (Tiresias's service and waiting) by every round
 (:func:`state_after`).

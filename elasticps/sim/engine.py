@@ -373,13 +373,13 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         decision, new_state = policy.decide(views if full else admission_only(views), cluster, state)
         state = state_after(state, new_state, full)
         current = {j: active[j].placement for j in active if active[j].shape}
-        placed = place(views, decision, cluster, current, config.placement, compact=full)
+        placed = place(views, decision, cluster, current, config.placement)
         decision = placed.shapes  # a running job whose new shape did not fit on the nodes kept its old one
         batches = batches_for(views, decision, config.objective)
         decision_times.append(time.perf_counter() - t0)
         left: dict[str, Resources] | None = None  # the room left once placed: worked out if a GPU job is spread
         by_id = {v.id: v for v in views}
-        for job in active.values() if full else ():  # GPU spread is counted where placement may move jobs
+        for job in active.values():
             jid = job.spec.id
             where = placed.placement.get(jid)
             if not (job.kind.allreduce and where and jid in decision):
