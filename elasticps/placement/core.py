@@ -25,6 +25,10 @@ Placers (same protocol, ``placer(jobs, decision, cluster, current) -> PlacementR
 - ``optimus``: the fewest nodes that take an equal number of PS and workers each.
 
 A job is placed whole or reported unplaceable, never half-placed.
+
+Why one long module: the four placers share one room ledger (``_Room``) and
+the order a round places in (kept jobs, then resized, then new, then
+compaction): cut apart, each piece would need the whole ledger and order.
 """
 
 from __future__ import annotations
