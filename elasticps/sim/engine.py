@@ -444,6 +444,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             job.history.append((t, 0, 0))
             rates.pop(jid, None)
             speeds.pop(jid, None)
+            plans.pop(jid, None)
             done += 1
             events = True
         while ai < len(arrivals) and arrivals[ai].arrival_s <= t:
