@@ -8,7 +8,7 @@ import json
 import pytest
 
 from elasticps.cli.main import main
-from elasticps.demo import experiment, report
+from elasticps.demo import experiment, report, summary
 
 pytestmark = pytest.mark.slow
 
@@ -79,11 +79,11 @@ def test_elastic_gives_the_tenants_cpus_to_the_jobs_once_it_leaves(results):
 
 def test_table_report_and_json_name_every_job_and_policy(results, tmp_path):
     setup, out, lines = results
-    text = experiment.table(out)
+    text = summary.table(out)
     for name in ("cnn-1", "cnn-2", "cnn-3"):
         assert text.count(name) == 2
     assert "static: makespan" in text and "elastic: makespan" in text and "to target" not in text
-    with_target = experiment.table(out, 0.95)  # what `demo --objectives` prints
+    with_target = summary.table(out, 0.95)  # what `demo --objectives` prints
     assert "to target s: from submission to the end of the first epoch at accuracy >= 0.95" in with_target
     assert "static: over 1 run(s)" in with_target and "elastic: over 1 run(s)" in with_target
     assert all(j["batches"] == [128] for r in out.values() for j in r.jobs.values())  # a fixed batch here
@@ -122,10 +122,10 @@ def test_time_and_epochs_to_target_count_to_the_first_epoch_at_the_target():
     from types import SimpleNamespace
 
     epochs = [SimpleNamespace(elapsed_s=2.0, metric=m) for m in (0.5, None, 0.97, 0.99, 0.96, 0.995)]
-    assert experiment.epochs_to_target(epochs, 0.98) == 4
-    assert experiment.time_to_target(epochs, 0.98, started_s=10.0) == 18.0  # 10 s start-up + 4 epochs of 2 s
-    assert experiment.epochs_to_target(epochs, 0.999) is None
-    assert experiment.time_to_target(epochs, 0.999, 10.0) is None
+    assert summary.epochs_to_target(epochs, 0.98) == 4
+    assert summary.time_to_target(epochs, 0.98, started_s=10.0) == 18.0  # 10 s start-up + 4 epochs of 2 s
+    assert summary.epochs_to_target(epochs, 0.999) is None
+    assert summary.time_to_target(epochs, 0.999, 10.0) is None
 
 
 def test_repeated_runs_rotate_so_no_run_is_always_first_on_a_cold_machine():
@@ -156,14 +156,14 @@ def test_target_summary_takes_medians_over_runs_and_counts_runs_that_missed():
         "speed #2": result([None, 30.0], [None, 20.0], [None, 15]),
         "goodput #3": result([44.0, 48.0], [18.0, 20.0], [9, 9], cpus=3.0),
     }
-    s = experiment.target_summary(out)
+    s = summary.target_summary(out)
     assert s["goodput"] == {
         "runs": 3, "reached": 3, "to_target_s": 46.0, "trained_to_target_s": 25.0,
         "epochs_to_target": 9.0, "makespan_s": 100.0,
         "cpu_s": 220.0, "final_accuracy": 0.985,  # CPU-s per run: 2 x (50 + 60) twice, 3 x 110 once
     }  # fmt: skip
     assert s["speed"]["runs"] == 2 and s["speed"]["reached"] == 1 and s["speed"]["to_target_s"] == 32.0
-    lines = experiment.summary_lines(out)
+    lines = summary.summary_lines(out)
     assert lines[0] == (
         "goodput: over 3 run(s), 3 with every job at the target; medians of the jobs' means: "
         "to target 46.0 s, trained 25.0 s, epochs 9.0; CPU-seconds held 220, final accuracy 0.9850"

@@ -22,7 +22,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     from dataclasses import asdict, replace
 
-    from elasticps.demo import experiment
+    from elasticps.demo import experiment, summary
 
     setup = experiment.Setup()
     if args.epochs:
@@ -67,7 +67,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         figures = {
             "setup": asdict(setup),
-            "summary": experiment.target_summary(results) if objectives else None,
+            "summary": summary.target_summary(results) if objectives else None,
             "results": {p: r.to_dict() for p, r in results.items()},
         }
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -94,9 +94,9 @@ def _demo_from_json(args: argparse.Namespace) -> int:
 def _demo_outputs(args: argparse.Namespace, results: dict, setup: dict[str, Any], target: float | None) -> None:
     """What a demo run shows: the table on stdout, the HTML report, and with
     ``--plots`` its figures as PNG files."""
-    from elasticps.demo import experiment, report
+    from elasticps.demo import report, summary
 
-    text = experiment.table(results, target)
+    text = summary.table(results, target)
     print(text)
     plots = Path(args.plots) if args.plots else None
     print(f"report: {report.write_html(results, Path(args.html), text, setup, plots=plots)}")

@@ -8,7 +8,7 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elasticps.demo.experiment import base_name
+from elasticps.demo.summary import base_name
 
 if TYPE_CHECKING:
     from elasticps.demo.experiment import ScenarioResult
