@@ -122,11 +122,7 @@ class ViewBuilder:
         cost = self.rescale_costs.of(rec.name)
         return JobView(
             id=rec.name,
-            speed=plan.speed,
-            min_ps=plan.limits.min_ps,
-            max_ps=plan.limits.max_ps,
-            min_workers=plan.limits.min_workers,
-            max_workers=plan.limits.max_workers,
+            **plan.fields(),
             ps_resources=ps_res,
             worker_resources=worker_res,
             remaining_samples=remaining,
@@ -134,13 +130,9 @@ class ViewBuilder:
             objective=spec.objective,
             arrival=rec.submitted_at,
             waited_s=now - rec.submitted_at if live is None else 0.0,
-            explore=plan.explore,
-            probes=plan.probes,
             batch_sizes=batch_sizes(spec, info) if plan.speed_at is not None else (),  # none while switching
             batch=live.batch_now if live is not None else None,
             noise_scale=live.status.noise_scale if live is not None and live.status is not None else None,
-            speed_at=plan.speed_at,
-            speed_sd=plan.sd,
             rescale_pause_s=cost.pause_s if cost is not None else None,
             rescale_launch_s=cost.launch_s if cost is not None else 0.0,
         )

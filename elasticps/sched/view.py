@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from elasticps.sched.reach import capped, near
 from elasticps.sched.speed import MAX_RELATIVE_STD, SpeedModel
@@ -69,6 +70,21 @@ class ViewPlan:
     @property
     def explore(self) -> tuple[int, int] | None:
         return self.probes[0] if self.probes else None
+
+    def fields(self) -> dict[str, Any]:
+        """The :class:`~elasticps.sched.types.JobView` fields this plan decides
+        (speed, limits, probes), the same for every driver."""
+        return {
+            "speed": self.speed,
+            "min_ps": self.limits.min_ps,
+            "max_ps": self.limits.max_ps,
+            "min_workers": self.limits.min_workers,
+            "max_workers": self.limits.max_workers,
+            "explore": self.explore,
+            "probes": self.probes,
+            "speed_at": self.speed_at,
+            "speed_sd": self.sd,
+        }
 
 
 def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:

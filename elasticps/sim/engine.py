@@ -342,11 +342,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
         plan = plan_of(job)
         return JobView(
             id=s.id,
-            speed=plan.speed,
-            min_ps=plan.limits.min_ps,
-            max_ps=plan.limits.max_ps,
-            min_workers=plan.limits.min_workers,
-            max_workers=plan.limits.max_workers,
+            **plan.fields(),
             ps_resources=Resources(cpu=s.ps_cpu, memory_gb=s.ps_memory_gb),
             worker_resources=_worker_resources(s),
             remaining_samples=job.remaining,
@@ -354,13 +350,9 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
             static_shape=(s.static_ps, s.static_workers),
             arrival=s.arrival_s,
             waited_s=t - s.arrival_s if job.started is None else 0.0,
-            explore=plan.explore,
-            probes=plan.probes,
             batch_sizes=batch_candidates(job.kind.batch, s.max_batch),
             batch=job.batch,
             noise_scale=noise_scale_at(s, job.done_share) if s.noise_scale > 0 else None,
-            speed_at=plan.speed_at,
-            speed_sd=plan.sd,
             age_s=t - s.arrival_s,
         )
 
