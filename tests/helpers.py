@@ -10,10 +10,11 @@ import threading
 import time
 from pathlib import Path
 
+import ray
 import torch
 
 from elasticps.examples import digits
-from elasticps.runtime import JobConfig, JobController, TaskResources
+from elasticps.runtime import JobConfig, JobController, TaskResources, tasks
 
 SMALL_TASKS = {"ps_resources": TaskResources(cpu=0.5), "worker_resources": TaskResources(cpu=0.5)}
 
@@ -35,6 +36,12 @@ def run_until_applied(job: JobController, request_id: int) -> None:
     job.run(max_steps=1)
     if not any(r.request_id == request_id for r in job.report().rescales):
         raise AssertionError(f"rescale {request_id} not applied: {job.report().events[-3:]}")
+
+
+def kill_task(handle) -> None:
+    """Kill a task's actor and wait until Ray says it is dead."""
+    ray.kill(handle)
+    wait_for(lambda: not tasks.is_alive(handle, 5.0), 60, "the killed task to be dead")
 
 
 def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:

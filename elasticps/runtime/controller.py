@@ -26,7 +26,10 @@ between the two are restored, with the step and data position, from the
 newest checkpoint (``recovery``). A task that dies while a shape change is
 switched in is recovered from the same way, the shards from the state the
 switch gathered at this boundary if it got that far; the change then starts
-again against the tasks there are.
+again against the tasks there are. So is one that dies while the job starts,
+or between two steps while a checkpoint or an evaluation reads the shards:
+those reads go through ``Recovery.between_steps``, and a read that sent the
+job back to a checkpoint is dropped with the step it was for.
 
 Over 400 lines because it is the job's public API (about half of the file,
 docstrings included) beside the one place that orders the pieces; the work
@@ -264,15 +267,13 @@ class JobController:
         else:
             state = ShardState(flat_params(model))
         shape, request_id = self._requests.latest()
-        pending = self._rescale.launch(shape, request_id, reason="start", strict=True)
-        started = tasks.wait_ready(pending.starting(), self.config.placement_timeout_s, pending.names())
-        self._rescale.install(pending, started, state)
+        self._recovery.start(shape, request_id, state)
         self._requests.mark_applied(request_id)
         p.start_epoch_clock(time.monotonic())
         self.started_step = p.step
         self.state = "running"
         if self._checkpoints.store and ckpt is None:
-            self.checkpoint()
+            self._checkpoint_now()
 
     def run(self, max_steps: int | None = None) -> JobReport:
         """Train until the job is done, ``max_steps`` more steps ran, or :meth:`stop`."""
@@ -280,32 +281,42 @@ class JobController:
         try:
             self.start()
             first = p.step
-            while not p.done and not self._stop.is_set():
-                if max_steps is not None and p.step - first >= max_steps:
-                    break
-                self._boundary()
-                if self.config.mode == "sync":
-                    self._sync_step()
-                else:
-                    budget = None if max_steps is None else first + max_steps - p.step
-                    self._async_segment(budget)
-            self._flush_window()
-            if p.done and self._loop and not self._loop.finished:
-                self._loop.finish(self._group, p.step)
-            if p.done or self._stop.is_set():
-                if p.done:  # resumed from a checkpoint taken at the very end, no epoch ran here
-                    last = p.epochs[-1] if p.epochs else None
-                    metric = last.metric if last and last.step == p.step else self._evaluate(self.parameters)
-                    self.final_metric = metric
-                self.state = "finished" if p.done else "stopped"
-                if self._checkpoints.store:
-                    self.checkpoint()
+            ended = False
+            while not ended:  # a task that dies as the run ends may send the job back to a checkpoint
+                while not p.done and not self._stop.is_set():
+                    if max_steps is not None and p.step - first >= max_steps:
+                        break
+                    self._boundary()
+                    if self.config.mode == "sync":
+                        self._sync_step()
+                    else:
+                        budget = None if max_steps is None else first + max_steps - p.step
+                        self._async_segment(budget)
+                self._flush_window()
+                ended = self._end_run()
         except Exception as exc:
             self.state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
             self._event(f"failed: {self.error}")
             raise
         return self.report()
+
+    def _end_run(self) -> bool:
+        """The end of a run: the final metric and checkpoint of a finished or
+        stopped job. False: a task died and the job went back to a checkpoint."""
+        p = self._progress
+        if p.done and self._loop and not self._loop.finished:
+            self._loop.finish(self._group, p.step)
+        if not (p.done or self._stop.is_set()):
+            return True
+        if p.done:  # resumed from a checkpoint taken at the very end, no epoch ran here
+            last = p.epochs[-1] if p.epochs else None
+            metric, read = (last.metric, True) if last and last.step == p.step else self._evaluated("the final")
+            if not read:
+                return False
+            self.final_metric = metric
+        self.state = "finished" if p.done else "stopped"
+        return not self._checkpoints.store or self._checkpoint_now()
 
     def run_in_thread(self, max_steps: int | None = None) -> threading.Thread:
         """Run :meth:`run` in a daemon thread; the caller may rescale and report meanwhile.
@@ -335,7 +346,7 @@ class JobController:
         if not self._checkpoints.store:
             raise ConfigError("no checkpoint_dir configured")
         p = self._progress
-        state = self._group.gather_state()
+        state = self._group.gather_state(p.step)
         self._snapshot_user_state()
         self._checkpoints.save(
             Checkpoint(
@@ -369,7 +380,17 @@ class JobController:
         except SwitchFailed as failed:  # a task died while a shape change was switched in
             self._recovery.recover_switch(failed)
         if self._checkpoints.due(p.step):
-            self.checkpoint()
+            self._checkpoint_now()
+
+    def _checkpoint_now(self) -> bool:
+        """A checkpoint between two steps, taken again if a task dies meanwhile
+        (:meth:`Recovery.between_steps`). False: the job went back to a checkpoint instead."""
+        return self._recovery.between_steps(self.checkpoint, f"the checkpoint at step {self.step}")[1]
+
+    def _evaluated(self, which: str) -> tuple[float | None, bool]:
+        """The metric of the parameters now, read again if a task dies meanwhile
+        (:meth:`Recovery.between_steps`). False: the job went back to a checkpoint instead."""
+        return self._recovery.between_steps(lambda: self._evaluate(self.parameters), f"{which} evaluation")
 
     # --------------------------------------------------------------- steps
     def _sync_step(self) -> None:
@@ -385,7 +406,7 @@ class JobController:
             error = result.stats_error or result.apply_error
             self._recovery.recover(error, ps_inconsistent=result.applied > 0)  # type: ignore[arg-type]
             return
-        self._group.param_refs = result.param_refs
+        self._group.stepped(result.param_refs)
         stats = [s for _, s in result.done]
         if self._loop:
             self._loop.stepped(stats)
@@ -483,8 +504,11 @@ class JobController:
         p = self._progress
         self._flush_window()
         now = time.monotonic()  # the epoch's time leaves its evaluation out
+        metric, read = self._evaluated(f"epoch {epoch}'s")
+        if not read:
+            return  # the job went back to a checkpoint: this epoch ends again once its steps are redone
         loss, gns = self._record.end_epoch()
-        metric, values = self._evaluate(self.parameters), {}
+        values: dict[str, float | None] = {}
         if self._loop:  # the loop's code after the epoch (its test pass, report) runs now; its report is the metric
             self._loop.finish(self._group, p.step) if p.done else self._snapshot_user_state()
             metric, values = user_loop.epoch_metrics(self._loop.metrics, epoch)
@@ -495,7 +519,7 @@ class JobController:
         if self._on_epoch:
             self._on_epoch(report)
         if self._checkpoints.store and not p.done:
-            self.checkpoint()
+            self._checkpoint_now()
 
     def _event(self, text: str) -> None:
         self._record.event(self._progress.step, text)

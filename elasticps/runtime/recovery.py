@@ -13,6 +13,16 @@ What a failed step may have left, and what restores it:
 - a PS shard died: the same restore, onto new shards;
 - no task died: the program's own code failed (:class:`UserCodeError`).
 
+A restore takes the shards' whole state at the job's step if the group still
+holds it (gathered by a switch or a checkpoint, or installed, at this step and
+no step applied since: :meth:`TaskGroup.state_at`): then no step is lost.
+
+A task may die between two steps as well, while the job reads the shards (a
+checkpoint, an evaluation) or starts: :meth:`Recovery.between_steps` recovers
+as after a failed step and reads again, and :meth:`Recovery.start` starts the
+job's tasks again; each fails the job with the last cause after
+``MAX_READ_TRIES`` / ``MAX_START_FAILURES`` tries.
+
 A task may also die while a shape change is switched in at a boundary (the
 running shards' state gathered, re-cut and installed on the new PS list):
 :meth:`Recovery.recover_switch` stops the change's new tasks and recovers the
@@ -38,15 +48,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from elasticps.errors import ConfigError, JobFailedError, UserCodeError
+import ray
+
+from elasticps.errors import ConfigError, JobFailedError, PlacementError, UserCodeError
 from elasticps.runtime import tasks
 from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore, Layout, layout_mismatch
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.membership import Shape, task_name
-from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
+from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed, error_text
 from elasticps.runtime.shard_state import ShardState
+
+MAX_READ_TRIES = 3  # a read of the shards between two steps fails the job after this many tries
+MAX_START_FAILURES = 3  # a job whose tasks die this often while it starts fails
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -178,6 +195,64 @@ class Recovery:
             raise
         self.rescaler.switch_failed(failed, None)
 
+    def between_steps(self, read: Callable[[], T], what: str) -> tuple[T | None, bool]:
+        """``read()`` (a checkpoint, an evaluation: it reads the tasks between
+        two steps); a task that died meanwhile is recovered as after a failed
+        step, and the read tried again. ``what`` names it for events and errors.
+
+        Returns ``(read's value, True)``, or ``(None, False)`` if the recovery
+        went back to a checkpoint: the job is at an earlier step, so what the
+        caller read for is undone with it."""
+        step = self._step()
+        for attempt in range(1, MAX_READ_TRIES + 1):
+            try:
+                return read(), True
+            except ray.exceptions.RayError as exc:
+                if attempt == MAX_READ_TRIES:
+                    raise JobFailedError(f"{what} failed {attempt} times (the last: {error_text(exc)})") from exc
+                self._event(f"{what} failed: {error_text(exc)}; recovering")
+                self._recover(exc, False, "", what)
+                if self._step() != step:
+                    return None, False
+        raise AssertionError("unreachable")
+
+    def start(self, shape: Shape, request_id: int, state: ShardState) -> None:
+        """The job's first install: start ``shape``'s tasks and give the shards
+        ``state``. If a task dies meanwhile (before it runs or during the
+        install), every task is stopped and started again, up to
+        ``MAX_START_FAILURES`` times; no room, or an error of the program's
+        own code, fails at once."""
+        for attempt in range(1, MAX_START_FAILURES + 1):
+            pending = self.rescaler.launch(shape, request_id, reason="start", strict=True)
+            started: list[tasks.Task] = []
+            try:
+                started = tasks.wait_ready(pending.starting(), self.config.placement_timeout_s, pending.names())
+                self.rescaler.install(pending, started, state)
+                return
+            except (ray.exceptions.RayError, PlacementError) as exc:
+                if not self._died_starting(exc, started):
+                    for p in pending.starting():
+                        tasks.kill(p.handle)
+                    raise
+                for p in pending.starting():
+                    tasks.kill(p.handle)
+                self.group.nodes_used.update(t.node_id for t in started)  # swept at shutdown
+                if attempt == MAX_START_FAILURES:
+                    raise JobFailedError(
+                        f"a task died while the job started, {attempt} times (the last: {error_text(exc)})"
+                    ) from exc
+                self._event(f"a task died while the job started ({error_text(exc)}); starting its tasks again")
+        raise AssertionError("unreachable")
+
+    def _died_starting(self, exc: BaseException, started: list[tasks.Task]) -> bool:
+        """Whether ``exc`` of a start means a task died (not: no room, or the
+        program's code failed in a task, which a new start would repeat)."""
+        if isinstance(exc, PlacementError):  # before the tasks ran: a death, unless their constructor failed
+            cause = exc.__cause__
+            return isinstance(cause, ray.exceptions.RayActorError) and not cause.actor_init_failed
+        timeout = self.config.liveness_timeout_s
+        return any(not tasks.is_alive(t.handle, timeout) for t in started)
+
     def _recover(
         self,
         exc: BaseException,
@@ -188,6 +263,7 @@ class Recovery:
         dead_starting: int = 0,
     ) -> None:
         group = self.group
+        state = state if state is not None else group.state_at(self._step())
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if not tasks.is_alive(t.handle, timeout)]
         dead_workers = [t for t in group.workers if not tasks.is_alive(t.handle, timeout)]

@@ -56,6 +56,12 @@ class JobHooks:
 MAX_SWITCH_FAILURES = 3  # a request whose tasks die this often while switched in fails
 
 
+def error_text(exc: BaseException) -> str:
+    """``Type: first line`` of ``exc`` (Ray's errors run to many lines: the first says what)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 class SwitchFailed(Exception):
     """A task died (or failed) while a shape change was switched in at a boundary.
 
@@ -68,8 +74,7 @@ class SwitchFailed(Exception):
     def __init__(
         self, request_id: int, shape: Shape, starting: list[Any], state: ShardState | None, cause: Exception
     ) -> None:
-        lines = str(cause).strip().splitlines()  # Ray's errors run to many lines: the first says what
-        self.cause_text = f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
+        self.cause_text = error_text(cause)
         super().__init__(f"switching to {shape.num_ps}x{shape.num_workers} failed: {self.cause_text}")
         self.request_id, self.shape, self.starting, self.state, self.cause = request_id, shape, starting, state, cause
 
@@ -322,7 +327,7 @@ class Rescaler:
         handles of the change's new tasks)."""
         state = None
         try:
-            state = self.group.gather_state() if self.group.shards_change(ps) else None
+            state = self.group.gather_state(self._step()) if self.group.shards_change(ps) else None
             install(state)
         except ray.exceptions.RayError as exc:
             raise SwitchFailed(request_id, shape, starting, state, exc) from exc

@@ -213,7 +213,7 @@ def async_segment(
             except ray.exceptions.RayError as exc:
                 drain()
                 return AsyncFailure(exc, ps_inconsistent=True)
-            group.param_refs = [a[1] for a in applies]
+            group.stepped([a[1] for a in applies])
             applied(stats, infos, w, time.perf_counter() - t0)
         if keep_going():
             dispatch(rank, w)

@@ -4,6 +4,11 @@ A :class:`TaskGroup` is the one place that replaces the task lists. The
 job's loop changes them only between two steps (an install, or dropping dead
 tasks after a failed step); other threads read them, under the controller's
 lock, for a report.
+
+It also keeps the shards' whole state as last gathered or installed, with its
+step, until a step moves the shards on (:meth:`TaskGroup.stepped`): a PS that
+dies before then is restored from it with no step lost
+(:meth:`TaskGroup.state_at`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class TaskGroup:
         self.param_refs: list[Any] = []
         self.bounds: list[tuple[int, int]] = []
         self.nodes_used: set[str] = set()  # where the job's tasks ran: swept at shutdown
+        self._state: tuple[int, ShardState] | None = None  # (step, the shards' whole state then)
 
     def placement(self) -> dict[str, str]:
         """Where every task runs: ``{"ps-0": node id, "worker-0": node id, ...}``."""
@@ -51,8 +57,22 @@ class TaskGroup:
         PS list as it is: new, fewer, more or reordered shards, cut again."""
         return [id(t) for t in ps] != [id(t) for t in self.ps]
 
-    def gather_state(self) -> ShardState:
-        return concat_shards(ray.get([t.handle.get_state.remote() for t in self.ps]))
+    def gather_state(self, step: int) -> ShardState:
+        """The shards' whole state; ``step``: the job's step now (the state is kept for :meth:`state_at`)."""
+        state = concat_shards(ray.get([t.handle.get_state.remote() for t in self.ps]))
+        self._state = (step, state)
+        return state
+
+    def state_at(self, step: int) -> ShardState | None:
+        """The shards' whole state at ``step`` if it was gathered or installed
+        then and no step applied since (None: not known)."""
+        kept = self._state
+        return kept[1] if kept is not None and kept[0] == step else None
+
+    def stepped(self, param_refs: list[Any]) -> None:
+        """A step applied: ``param_refs`` are the shards' parameters for the next one."""
+        self.param_refs = param_refs
+        self._state = None
 
     def parameters(self) -> np.ndarray:
         """A copy of the current flat parameters, gathered from the PS shards."""
@@ -81,6 +101,7 @@ class TaskGroup:
             ]
             ray.get(refs)
             self.param_refs, self.bounds = refs, bounds
+            self._state = (step, state)
         keep = {id(t.handle) for t in ps + workers}
         tasks.retire([t.handle for t in self.ps + self.workers if id(t.handle) not in keep])
         self.nodes_used.update(t.node_id for t in ps + workers)
@@ -100,6 +121,7 @@ class TaskGroup:
         tasks.retire([t.handle for t in self.ps + self.workers])
         self.nodes_used.update(t.node_id for t in self.ps + self.workers)
         self.ps, self.workers, self.param_refs = [], [], []
+        self._state = None
 
     def sweep(self) -> None:
         """Remove the shared memory that dead tasks left on every node the job used."""

@@ -1,0 +1,168 @@
+"""A task killed at the moments of a job's life between its steps, on a real Ray
+cluster: while the job starts, just after a rescale's switch (before the
+boundary's checkpoint reads the shards), before an epoch's evaluation, while
+a checkpoint reads the shards, and (sync and async) while a rescale is
+switched in. Each is recovered as a failed step is, and the job's parameters
+stay those of single-process training."""
+
+from __future__ import annotations
+
+import pytest
+
+from elasticps import JobFailedError
+from elasticps.examples import digits
+from elasticps.runtime import relative_error, train_single_process
+from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES
+from tests.helpers import kill_task, make_job, run_until_applied
+
+TOL = 1e-5
+
+
+def kill_after(monkeypatch, owner, method: str, victim, once: bool = True) -> None:
+    """Kill the task ``victim()`` names right after ``owner.method`` returns
+    (``once``: the first call only)."""
+    original = getattr(owner, method)
+
+    def wrapped(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if once:
+            monkeypatch.setattr(owner, method, original)
+        kill_task(victim())
+        return out
+
+    monkeypatch.setattr(owner, method, wrapped)
+
+
+def kill_before(monkeypatch, owner, method: str, victim, once: bool = True) -> None:
+    """Kill the task ``victim(*args)`` names right before ``owner.method(*args)`` runs."""
+    original = getattr(owner, method)
+
+    def wrapped(*args, **kwargs):
+        if once:
+            monkeypatch.setattr(owner, method, original)
+        kill_task(victim(*args))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, method, wrapped)
+
+
+def test_a_ps_killed_just_after_a_switch_is_restored_from_the_switch_state(ray_local, tmp_path, monkeypatch):
+    # 1x1 -> 2x1 at step 5, whose boundary also checkpoints: the switch gathered the
+    # state at step 5; the kept PS dies before the checkpoint reads the shards
+    program = digits.program(epochs=50, optimizer="adam")
+    job = make_job(1, 1, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    job.run(max_steps=5)  # a checkpoint at step 0 only: the next boundary writes one
+    rid = job.rescale(2, 1)
+    assert job.prepare()
+    kill_after(monkeypatch, job._rescale, "at_boundary", lambda: job.ps[0].handle)
+    job.run(max_steps=1)
+    events = job.report().events
+    want = "1 PS shard(s) died; the PS restored from the state gathered at step 5 (no steps lost)"
+    assert any(want in e for e in events), events
+    assert job.report().state == "running" and job.step == 6
+    assert (len(job.ps), len(job.workers)) == (2, 1) and job.report().rescales[-1].request_id == rid
+    job.run(max_steps=2)
+    ref = train_single_process(program, max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def test_a_ps_killed_before_an_epochs_evaluation_goes_back_to_the_checkpoint(ray_local, tmp_path, monkeypatch):
+    # digits has 22 steps an epoch; checkpoints every 5 steps: the PS dies at step 22,
+    # before the evaluation of epoch 0 reads it, and the job goes back to step 20
+    program = digits.program(epochs=2)
+    job = make_job(2, 2, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    kill_before(monkeypatch, job, "_evaluate", lambda params: job.ps[1].handle)
+    report = job.run()
+    assert report.state == "finished" and report.step == 44
+    assert any("1 PS shard(s) died; restored from checkpoint at step 20 (lost 2 steps)" in e for e in report.events)
+    assert [e.epoch for e in report.epoch_reports] == [0, 1] and report.epoch_reports[0].step == 22
+    ref = train_single_process(program)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def test_a_task_killed_during_the_first_install_starts_the_job_again(ray_local, monkeypatch):
+    program = digits.program(epochs=50, optimizer="adam")
+    job = make_job(2, 2, program)
+    kill_before(monkeypatch, job._rescale, "install", lambda pending, started, state: started[1].handle)
+    job.run(max_steps=3)
+    report = job.report()
+    assert any("a task died while the job started" in e for e in report.events), report.events
+    assert report.state == "running" and (len(job.ps), len(job.workers)) == (2, 2)
+    ref = train_single_process(program, max_steps=3)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def test_a_job_whose_tasks_keep_dying_at_start_fails_with_the_reason(ray_local, monkeypatch):
+    job = make_job(1, 1)
+    kill_before(monkeypatch, job._rescale, "install", lambda pending, started, state: started[0].handle, once=False)
+    with pytest.raises(JobFailedError, match=f"a task died while the job started, {MAX_START_FAILURES} times"):
+        job.run(max_steps=1)
+    assert job.report().state == "failed"
+    job.shutdown()
+
+
+def test_a_checkpoint_whose_ps_keeps_dying_fails_the_job_with_the_reason(ray_local, tmp_path, monkeypatch):
+    # every read of the shards for a checkpoint finds a PS dead: each is restored from the
+    # state installed at step 0, then the job fails, naming what it tried
+    job = make_job(1, 1, checkpoint_dir=str(tmp_path))
+    kill_before(monkeypatch, job, "checkpoint", lambda: job.ps[0].handle, once=False)
+    with pytest.raises(JobFailedError, match=f"the checkpoint at step 0 failed {MAX_READ_TRIES} times"):
+        job.run(max_steps=1)
+    events = job.report().events
+    assert sum("the PS restored from the state gathered at step 0" in e for e in events) == MAX_READ_TRIES - 1
+    job.shutdown()
+
+
+# ------------------------------------------------ a task killed while a rescale is switched in
+# The same in both modes. With one worker an async job is sequential SGD (every
+# gradient fresh), so its parameters too are single-process training's: nothing
+# may be lost or redone.
+
+
+@pytest.mark.parametrize(("mode", "grown"), [("sync", (3, 2)), ("async", (3, 1))])
+def test_a_ps_killed_while_a_rescale_is_switched_in_is_restored_and_the_rescale_applied(
+    ray_local, tmp_path, mode, grown
+):
+    program = digits.program(epochs=50, optimizer="adam")
+    job = make_job(2, 1, program, mode=mode, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    job.run(max_steps=7)  # sync: checkpoints at steps 0 and 5 (async: where its segments end)
+    rid = job.rescale(*grown)
+    assert job.prepare()  # its new tasks run: the next boundary gathers the shards' state to re-cut it
+    kill_task(job.ps[1].handle)
+    job.run(max_steps=1)  # the gather fails at the boundary: restored from the checkpoint, then one step
+    events = job.report().events
+    want = "1 PS shard(s) died; restored from checkpoint at step " + ("5 (lost 2 steps)" if mode == "sync" else "")
+    assert any(want in e for e in events), events
+    assert (len(job.ps), len(job.workers)) == (2, 1)
+    run_until_applied(job, rid)  # the request is started again against the new shards
+    assert (len(job.ps), len(job.workers)) == grown
+    job.run(max_steps=3)
+    ref = train_single_process(program, max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    assert [(r.request_id, r.ok, r.to_shape) for r in job.report().rescales] == [(rid, True, grown)]
+    job.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_new_ps_killed_after_it_ran_leaves_the_job_exact_without_a_checkpoint(ray_local, mode):
+    # 1x1 -> 2x1: the running PS gets half of the state, the new one dies before taking
+    # its half; the shards are torn but no task the job was using died
+    program = digits.program(epochs=50, optimizer="adam")
+    job = make_job(1, 1, program, mode=mode)
+    job.run(max_steps=4)
+    rid = job.rescale(2, 1)
+    assert job.prepare()
+    kill_task(job._rescale.pending.new_ps[1].handle)
+    job.run(max_steps=1)
+    events = job.report().events
+    assert any("restored from the state gathered at step 4 (no steps lost)" in e for e in events), events
+    assert job.step == 5 and (len(job.ps), len(job.workers)) == (1, 1)
+    run_until_applied(job, rid)
+    assert (len(job.ps), len(job.workers)) == (2, 1)
+    job.run(max_steps=2)
+    ref = train_single_process(program, max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
