@@ -14,10 +14,13 @@ from elasticps.sched import PolicyState, make_policy
 from elasticps.sched.synthetic import synthetic_cluster, synthetic_jobs
 
 
-def run(jobs: int, nodes: int, rounds: int = 11, policy: str = "elastic", seed: int = 0) -> dict[str, Any]:
+def run(
+    jobs: int, nodes: int, rounds: int = 11, policy: str = "elastic", seed: int = 0, **options: Any
+) -> dict[str, Any]:
+    """Time ``rounds`` decisions of ``policy`` made with ``options`` (its own, e.g. ``joint_trades``)."""
     job_views = synthetic_jobs(jobs, seed=seed)
     cluster = synthetic_cluster(nodes, seed=seed)
-    pol = make_policy(policy)
+    pol = make_policy(policy, **options)
     state = PolicyState()
     times = []
     decision: dict = {}
@@ -29,6 +32,7 @@ def run(jobs: int, nodes: int, rounds: int = 11, policy: str = "elastic", seed: 
     p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
     return {
         "policy": policy,
+        **({"options": options} if options else {}),
         "jobs": jobs,
         "nodes": nodes,
         "rounds": rounds,
@@ -39,9 +43,9 @@ def run(jobs: int, nodes: int, rounds: int = 11, policy: str = "elastic", seed: 
     }
 
 
-def scaling(policy: str = "elastic") -> list[dict[str, Any]]:
+def scaling(policy: str = "elastic", **options: Any) -> list[dict[str, Any]]:
     """Decision time as jobs and nodes grow (for the docs)."""
     out = []
     for jobs, nodes in [(100, 32), (300, 64), (1000, 64), (1000, 256), (3000, 256), (1000, 1024)]:
-        out.append(run(jobs, nodes, rounds=5, policy=policy))
+        out.append(run(jobs, nodes, rounds=5, policy=policy, **options))
     return out

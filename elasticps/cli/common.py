@@ -65,6 +65,7 @@ def _number(kind: type, low: float, strict: bool, what: str):
 
 
 positive_int = _number(int, 0, True, "an integer above 0")
+nonnegative_int = _number(int, 0, False, "an integer, 0 or more")
 positive_float = _number(float, 0.0, True, "a number above 0")
 nonnegative_float = _number(float, 0.0, False, "a number, 0 or more")
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticps.cli.common import POLICIES, write_json
+from elasticps.cli.common import POLICIES, nonnegative_int, write_json
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -118,9 +118,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "scheduler":
         from elasticps.bench import scheduler_bench
 
-        result = scheduler_bench.run(args.jobs, args.nodes, rounds=args.rounds, policy=args.policy)
+        options = {"joint_trades": args.joint_trades} if args.joint_trades is not None else {}
+        result = scheduler_bench.run(args.jobs, args.nodes, rounds=args.rounds, policy=args.policy, **options)
         if args.scaling:
-            result["scaling"] = scheduler_bench.scaling(args.policy)
+            result["scaling"] = scheduler_bench.scaling(args.policy, **options)
         write_json(args.json, result)
         return 0
     if args.what == "manager":
@@ -272,6 +273,10 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--ended", type=int, default=2000, help="manager: ended jobs in the store")
     bench.add_argument("--active", type=int, default=20, help="manager: active jobs")
     bench.add_argument("--policy", default="elastic", help="scheduler: policy to time")
+    bench.add_argument(
+        "--joint-trades", type=nonnegative_int, metavar="N",
+        help="scheduler: the elastic policy's joint search, at most N trades a round (default: the policy's, none)",
+    )  # fmt: skip
     bench.add_argument("--scaling", action="store_true", help="scheduler: also time a grid of sizes")
     bench.add_argument("--faults", type=int, default=50, help="chaos: faults to inject")
     bench.add_argument("--seed", type=int, default=0, help="chaos: seed of the fault sequence")

@@ -14,6 +14,7 @@ from elasticps.cli.common import (
     THRESHOLD_HELP,
     DefaultsHelp,
     nonnegative_float,
+    nonnegative_int,
     positive_float,
     positive_int,
     share_of_jobs,
@@ -179,6 +180,7 @@ def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) 
             policy=policy,
             objective=objective,
             **({} if args.efficiency_threshold is None else {"efficiency_threshold": args.efficiency_threshold}),
+            joint_trades=args.joint_trades,
             placement=args.placement,
             fleet_prior=not args.no_fleet_prior,
             job_speed_spread=args.job_spread,
@@ -326,6 +328,11 @@ def add_parsers(sub: Any) -> None:
     )  # fmt: skip
     sim.add_argument("--objective", default="goodput", choices=OBJECTIVES, help=OBJECTIVE_HELP)
     sim.add_argument("--efficiency-threshold", type=positive_float, help=THRESHOLD_HELP)
+    sim.add_argument(
+        "--joint-trades", type=nonnegative_int, default=0, metavar="N",
+        help="elastic, oracle: after the greedy growth, at most N trades of tasks between jobs where one gains "
+        "more than the other loses (elasticps/sched/joint.py; 0, the default: none)",
+    )  # fmt: skip
     sim.add_argument(
         "--placement", default="locality", choices=["locality", "spread", "pack", "optimus"], help=PLACEMENT_HELP
     )

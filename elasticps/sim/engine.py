@@ -84,6 +84,7 @@ class SimConfig:
     policy: str = "elastic"
     objective: str = "goodput"
     efficiency_threshold: float = DEFAULT_EFFICIENCY_THRESHOLD
+    joint_trades: int = 0  # the elastic policy's joint search: trades a round may make (0: none)
     placement: str = "locality"
     noise: float = 0.05
     local_traffic_factor: float = 0.25
@@ -240,7 +241,11 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     oracle = config.policy == ORACLE
     # the oracle decides with the elastic policy's code; only what it knows differs
     name = "elastic" if oracle else config.policy
-    settings = {"rescale_cost_s": config.rescale_pause_s, "efficiency_threshold": config.efficiency_threshold}
+    settings = {
+        "rescale_cost_s": config.rescale_pause_s,
+        "efficiency_threshold": config.efficiency_threshold,
+        "joint_trades": config.joint_trades,
+    }
     policy = make_policy(name, objective=config.objective, **options_for(name, settings))
     state = PolicyState()
     capacity = Resources(cpu=config.node_cpu, gpu=config.node_gpu, memory_gb=config.node_memory_gb)

@@ -43,6 +43,12 @@ costs, and slow to shrink.
    job. Jobs held at their current shape keep it; the others share the rest.
 4. **Exploration.** Room left over goes to jobs whose speed model is still
    unsure, moving them to the shape the model would learn most from.
+5. **Joint search** (``joint_trades`` > 0; off by default). Before 4, at
+   most that many trades of a task between two jobs where the one that takes
+   gains more log-utility than the one that gives loses
+   (:mod:`elasticps.sched.joint`), within every rule above. It finds little
+   to trade and did not lower the simulated JCTs (docs/simulator.md, "A
+   joint search after the greedy growth").
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from __future__ import annotations
 import math
 
 from elasticps.errors import ConfigError
+from elasticps.sched.joint import trade
 from elasticps.sched.objectives import (
     DEFAULT_EFFICIENCY_THRESHOLD,
     Objective,
@@ -76,6 +83,7 @@ class ElasticPolicy:
         jumps: tuple[int, ...] = (1, 2, 4),
         spare_z: float = 0.25,
         move_z: float = 0.5,
+        joint_trades: int = 0,
     ) -> None:
         self.objective = Objective.parse(objective)
         self.min_gain = min_gain
@@ -90,6 +98,9 @@ class ElasticPolicy:
         self.jumps = jumps
         self.spare_z = spare_z
         self.move_z = move_z
+        if joint_trades < 0:
+            raise ConfigError(f"joint trades is a count of trades a round may make, at least 0, got {joint_trades}")
+        self.joint_trades = joint_trades
 
     def _score(self, total: Resources, min_gain: float | None = None, memo: dict | None = None, z: float = 0.0):
         """The score of a job's next tasks, None below ``min_gain`` (the policy's by
@@ -98,15 +109,9 @@ class ElasticPolicy:
         floor = math.log1p(self.min_gain if min_gain is None else min_gain)
         memo = {} if memo is None else memo
 
-        def u(job: JobView, shape: tuple[int, int], obj: Objective) -> float:
-            key = (job.id, shape)
-            if key not in memo:
-                memo[key] = utility(job, *shape, obj)
-            return memo[key]
-
         def score(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> float | None:
             obj = objective_of(job, self.objective)
-            u_old, u_new = u(job, old, obj), u(job, new, obj)
+            u_old, u_new = _memo_utility(memo, job, old, obj), _memo_utility(memo, job, new, obj)
             if u_new <= 0:
                 return None
             if u_old <= 0:
@@ -175,14 +180,66 @@ class ElasticPolicy:
         decision, left = admit(rest, available - reserved, order=self._order)
         caps = {job_id: shape for job_id, shape in target.items() if job_id not in held}
         decision, left = grow(rest, decision, left, any_gain, caps, pairs=True, jumps=self.jumps)
-        decision, _ = grow(rest, decision, left, score, pairs=True, jumps=self.jumps)  # room the held jobs did not take
+        # room the held jobs did not take
+        decision, left = grow(rest, decision, left, score, pairs=True, jumps=self.jumps)
         decision.update(held)
+        if self.joint_trades:
+            decision, left = self._trade(jobs, decision, left, total, memo)
         self._keep_unneeded_room(jobs, decision, available)
         left = self._explore(jobs, decision, available)
         # a probe may take fewer tasks than the job held: room it frees admits whoever still waits
         late, _ = admit([j for j in jobs if j.id not in decision], left, order=self._order)
         decision.update(late)
         return decision, PolicyState(shrink_wishes=wishes)
+
+    def _trade(
+        self, jobs: list[JobView], decision: Decision, left: Resources, total: Resources, memo: dict
+    ) -> tuple[Decision, Resources]:
+        """5. The joint search (:mod:`elasticps.sched.joint`), with
+        ``joint_trades`` > 0: trades of tasks between admitted jobs where the
+        one that takes gains more log-utility than the one that gives loses
+        (at least ``min_gain``). A waiting job gives down to its minimum; a
+        running one no lower than its current shape or its decided one, per
+        kind (no shrink the hysteresis did not pass: a held job only takes).
+        A job takes only a step the spare-room rule would grow it by, and a
+        running job ends where the move pays for its rescale (or where it is).
+        In an admission round running jobs are pinned by their limits."""
+        any_gain = self._score(total, 0.0, memo, self.spare_z)
+
+        def gain(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> float:
+            obj = objective_of(job, self.objective)
+            u_old, u_new = _memo_utility(memo, job, old, obj), _memo_utility(memo, job, new, obj)
+            if u_old <= 0 or u_new <= 0:
+                return 1e9 if u_new > u_old else (-1e9 if u_new < u_old else 0.0)
+            g = math.log(u_new / u_old)
+            if self.time_weight:
+                g *= (job.remaining_samples / min(u_old, u_new)) ** self.time_weight
+            return g
+
+        def pays(job: JobView, new: tuple[int, int]) -> bool:
+            return job.current is None or new == job.current or self._worth_moving(job, job.current, new)
+
+        def may_take(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> bool:
+            return any_gain(job, old, new) is not None and pays(job, new)
+
+        def may_give(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> bool:
+            return pays(job, new)
+
+        floor, cap = {}, {}
+        for job in jobs:
+            if job.id not in decision:
+                continue
+            p, w = job.min_ps, job.min_workers
+            if job.current is not None:
+                p = max(p, min(decision[job.id][0], job.current[0]))
+                w = max(w, min(decision[job.id][1], job.current[1]))
+            floor[job.id] = (p, w)
+            cap[job.id] = (job.max_ps, job.max_workers)
+        decision, left, _ = trade(
+            jobs, decision, left, total, gain, floor, cap, may_take, may_give, (1,), self.joint_trades,
+            math.log1p(self.min_gain),
+        )  # fmt: skip
+        return decision, left
 
     @staticmethod
     def _explore(jobs: list[JobView], decision: Decision, available: Resources) -> Resources:
@@ -283,6 +340,14 @@ class ElasticPolicy:
             used = used - need[job_id]
             del held[job_id]
         return held
+
+
+def _memo_utility(memo: dict, job: JobView, shape: tuple[int, int], objective: Objective) -> float:
+    """``utility`` of ``job`` at ``shape``, worked out once a round (``memo``)."""
+    key = (job.id, shape)
+    if key not in memo:
+        memo[key] = utility(job, *shape, objective)
+    return memo[key]
 
 
 def _room_left(jobs: list[JobView], decision: Decision, available: Resources) -> Resources:
