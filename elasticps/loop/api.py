@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, default_collate
+from torch.utils.data import IterableDataset
 
 from elasticps.errors import ProgramError
 
@@ -129,14 +129,10 @@ class DataLoader:
         return current().iterate(self)
 
     def fetch(self, indices: np.ndarray) -> Any:
-        """The samples ``indices``, batched."""
-        tensors = getattr(self.dataset, "tensors", None)
-        if tensors is not None and self.collate_fn is None:
-            index = torch.from_numpy(np.array(indices, dtype=np.int64))
-            return [t[index] for t in tensors]
-        getitems = getattr(self.dataset, "__getitems__", None)
-        items = getitems([int(i) for i in indices]) if getitems else [self.dataset[int(i)] for i in indices]
-        return (self.collate_fn or default_collate)(items)
+        """The samples ``indices``, batched (as a ``TrainingProgram``'s worker reads them)."""
+        from elasticps.runtime.data import read_samples  # the runtime (and Ray) once a batch is read
+
+        return read_samples(self.dataset, indices, self.collate_fn)
 
 
 def epochs(n: int) -> Iterator[int]:

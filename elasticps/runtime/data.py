@@ -8,6 +8,7 @@ Workers get contiguous, nearly equal slices of it. Hence the position
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,26 +64,33 @@ class GlobalBatches:
         return -(-self.num_samples // self.batch_size)
 
 
-def fetch_batch(dataset: Any, indices: np.ndarray) -> tuple[Any, Any]:
-    """Inputs and targets of ``indices``, batched; vectorised for TensorDataset.
-
-    A sample is ``(input, target)``; either may be a tensor (or number), a
-    tuple of them or a dict of them, batched by torch's ``default_collate``
-    (what a DataLoader does): a dict input is passed to the model as keyword
-    arguments, a tuple as positional ones (see :func:`forward`). A dataset
-    with ``__getitems__(indices)`` (torch's batched read, e.g. from a file or
-    a database) is read once per batch, as a DataLoader reads it."""
+def read_samples(dataset: Any, indices: np.ndarray, collate_fn: Callable[[list[Any]], Any] | None = None) -> Any:
+    """The samples ``indices`` of ``dataset``, batched as a DataLoader batches
+    them: a TensorDataset by indexing its tensors at once (a list, one batch per
+    tensor), a dataset with ``__getitems__(indices)`` (torch's batched read,
+    e.g. from a file or a database) in one call, any other sample by sample;
+    collated by ``collate_fn`` (torch's ``default_collate`` by default). Both
+    kinds of worker, and the single-process runs they are held to, read through it."""
     tensors = getattr(dataset, "tensors", None)
-    if tensors is not None and len(tensors) == 2:
+    if tensors is not None and collate_fn is None:
         index = torch.from_numpy(np.array(indices, dtype=np.int64))
-        return tensors[0][index], tensors[1][index]
+        return [t[index] for t in tensors]
     getitems = getattr(dataset, "__getitems__", None)  # torch's batched read: one call per batch
-    pairs = getitems([int(i) for i in indices]) if getitems else [dataset[int(i)] for i in indices]
-    for p in pairs[:1]:
-        if not (isinstance(p, (tuple, list)) and len(p) == 2):
-            raise ProgramError(f"a dataset sample must be (input, target), got {type(p).__name__}")
-    xs, ys = default_collate(pairs)
-    return xs, ys
+    items = getitems([int(i) for i in indices]) if getitems else [dataset[int(i)] for i in indices]
+    return (collate_fn or default_collate)(items)
+
+
+def fetch_batch(dataset: Any, indices: np.ndarray) -> tuple[Any, Any]:
+    """Inputs and targets of ``indices`` (:func:`read_samples`) for a
+    :class:`TrainingProgram`, whose samples are ``(input, target)``; either
+    may be a tensor (or number), a tuple of them or a dict of them: a dict
+    input is passed to the model as keyword arguments, a tuple as positional
+    ones (see :func:`forward`)."""
+    batch = read_samples(dataset, indices)
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        got = f"{len(batch)} items" if isinstance(batch, (tuple, list)) else type(batch).__name__
+        raise ProgramError(f"a dataset sample must be (input, target), got {got}")
+    return batch[0], batch[1]
 
 
 def rows(batch: Any, lo: int, hi: int) -> Any:
