@@ -11,7 +11,7 @@ import pytest
 
 from elasticps import JobFailedError
 from elasticps.examples import digits
-from elasticps.runtime import relative_error, train_single_process
+from elasticps.runtime import CheckpointStore, relative_error, train_single_process
 from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES
 from tests.helpers import kill_task, make_job, run_until_applied
 
@@ -67,16 +67,26 @@ def test_a_ps_killed_just_after_a_switch_is_restored_from_the_switch_state(ray_l
     job.shutdown()
 
 
-def test_a_ps_killed_before_an_epochs_evaluation_goes_back_to_the_checkpoint(ray_local, tmp_path, monkeypatch):
-    # digits has 22 steps an epoch; checkpoints every 5 steps: the PS dies at step 22,
-    # before the evaluation of epoch 0 reads it, and the job goes back to step 20
+def test_a_ps_killed_before_an_evaluation_or_the_final_checkpoint_goes_back_to_a_checkpoint(
+    ray_local, tmp_path, monkeypatch
+):
+    # digits has 22 steps an epoch; checkpoints every 5 steps and at epoch 0's end. The PS
+    # dies at step 22 before epoch 0's evaluation reads it: back to step 20, and epoch 0
+    # ends again. Then it dies before the final checkpoint (step 44): back to step 42, and
+    # epoch 1 ends again. Each epoch is reported once.
     program = digits.program(epochs=2)
     job = make_job(2, 2, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
     kill_before(monkeypatch, job, "_evaluate", lambda params: job.ps[1].handle)
+    job.run(max_steps=43)
+    assert any(
+        "1 PS shard(s) died; restored from checkpoint at step 20 (lost 2 steps)" in e for e in job.report().events
+    )
+    kill_before(monkeypatch, job, "checkpoint", lambda: job.ps[0].handle)
     report = job.run()
+    assert any("1 PS shard(s) died; restored from checkpoint at step 42 (lost 2 steps)" in e for e in report.events)
     assert report.state == "finished" and report.step == 44
-    assert any("1 PS shard(s) died; restored from checkpoint at step 20 (lost 2 steps)" in e for e in report.events)
-    assert [e.epoch for e in report.epoch_reports] == [0, 1] and report.epoch_reports[0].step == 22
+    assert [(e.epoch, e.step) for e in report.epoch_reports] == [(0, 22), (1, 44)]
+    assert CheckpointStore(tmp_path).latest().step == 44
     ref = train_single_process(program)
     assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()

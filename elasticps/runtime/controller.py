@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from elasticps.errors import ConfigError, JobEndedError
+from elasticps.errors import ConfigError, JobEndedError, JobFailedError
 from elasticps.program import TrainingProgram, load_program
 from elasticps.runtime import steps, tasks, user_loop
 from elasticps.runtime.checkpoint import Checkpoint, Layout
@@ -315,8 +315,12 @@ class JobController:
             if not read:
                 return False
             self.final_metric = metric
+        if self._checkpoints.store and not self._checkpoint_now():
+            if self._loop and self._loop.finished:  # the loops ran to their end: they cannot redo steps
+                raise JobFailedError(f"a PS shard died after the loops ended; run the job again (from step {p.step})")
+            return False
         self.state = "finished" if p.done else "stopped"
-        return not self._checkpoints.store or self._checkpoint_now()
+        return True
 
     def run_in_thread(self, max_steps: int | None = None) -> threading.Thread:
         """Run :meth:`run` in a daemon thread; the caller may rescale and report meanwhile.

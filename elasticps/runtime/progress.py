@@ -56,9 +56,11 @@ class Progress:
         return self.program.lr_at(self.step, self.batch_size)
 
     def resume(self, ckpt: Checkpoint) -> None:
-        """Go back to ``ckpt``'s step, data position and samples."""
+        """Go back to ``ckpt``'s step, data position and samples; the reports of
+        epochs that ended after it are undone (they end again)."""
         with self._lock:
             self.step, self.position, self.samples_seen = ckpt.step, ckpt.position, ckpt.samples_seen
+            self.epochs = [e for e in self.epochs if e.step <= ckpt.step]
 
     # ---------------------------------------------------------- sync steps
     def next_batch(self) -> tuple[np.ndarray, DataPosition, np.ndarray | None]:
