@@ -44,6 +44,19 @@ def kill_task(handle) -> None:
     wait_for(lambda: not tasks.is_alive(handle, 5.0), 60, "the killed task to be dead")
 
 
+def kill_before(monkeypatch, owner, method: str, victim, once: bool = True) -> None:
+    """Kill the task ``victim(*args)`` names right before ``owner.method(*args)`` runs."""
+    original = getattr(owner, method)
+
+    def wrapped(*args, **kwargs):
+        if once:
+            monkeypatch.setattr(owner, method, original)
+        kill_task(victim(*args))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, method, wrapped)
+
+
 def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -13,7 +13,7 @@ from elasticps import JobFailedError
 from elasticps.examples import digits
 from elasticps.runtime import CheckpointStore, relative_error, train_single_process
 from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES
-from tests.helpers import kill_task, make_job, run_until_applied
+from tests.helpers import kill_before, kill_task, make_job, run_until_applied
 
 TOL = 1e-5
 
@@ -29,19 +29,6 @@ def kill_after(monkeypatch, owner, method: str, victim, once: bool = True) -> No
             monkeypatch.setattr(owner, method, original)
         kill_task(victim())
         return out
-
-    monkeypatch.setattr(owner, method, wrapped)
-
-
-def kill_before(monkeypatch, owner, method: str, victim, once: bool = True) -> None:
-    """Kill the task ``victim(*args)`` names right before ``owner.method(*args)`` runs."""
-    original = getattr(owner, method)
-
-    def wrapped(*args, **kwargs):
-        if once:
-            monkeypatch.setattr(owner, method, original)
-        kill_task(victim(*args))
-        return original(*args, **kwargs)
 
     monkeypatch.setattr(owner, method, wrapped)
 

@@ -551,3 +551,20 @@ def test_a_torn_update_says_what_happened_when_it_restores(switch_job):
     want = "an update failed part-way (a worker's gradient was lost); restored from checkpoint at step 2 (lost 2 steps)"
     assert want in job.events and not any("shard(s) died" in e for e in job.events), job.events
     assert job.rescaler.pending is None and "q1" in job.killed
+
+
+def test_a_ps_dead_before_any_step_applied_is_restored_from_the_state_gathered_at_this_step(tmp_path, monkeypatch):
+    """A gather at step 4 (a switch's, a checkpoint's) is the shards' whole state
+    until a step applies: a PS that dies meanwhile is restored from it, no step
+    lost; once a step applied, the restore goes back to the checkpoint."""
+    job = _fake_job(tmp_path, monkeypatch, {"p0": [1, 2]}, ["w0"], ["r0"])
+    group, r0 = job.group, job.t["r0"].handle
+    assert group.state_at(4) is None  # installed without a state
+    group.gather_state(4)
+    assert list(group.state_at(4).params) == [1, 2] and group.state_at(5) is None
+    job.t["p0"].handle.dead = True
+    job.recovery.recover(RuntimeError("lost"))
+    assert [t.handle for t in group.ps] == [r0] and list(r0.state.params) == [1, 2] and r0.version == 4
+    assert job.rewound == [] and any("gathered at step 4 (no steps lost)" in e for e in job.events)
+    group.stepped(["refs of step 5"])  # a step applied: the state of step 4 is stale
+    assert group.state_at(4) is None and group.param_refs == ["refs of step 5"]

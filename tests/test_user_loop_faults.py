@@ -17,7 +17,7 @@ from elasticps.loop.local import LocalSession
 from elasticps.runtime import relative_error
 from elasticps.runtime.flat import flat_params
 from tests import loops
-from tests.helpers import make_job
+from tests.helpers import kill_before, make_job
 
 TOL = 1e-5
 
@@ -75,3 +75,24 @@ def test_a_job_started_again_on_its_checkpoints_resumes_the_loop_mid_epoch(ray_l
         (r["step"], r["epoch"], r["metrics"]) for r in want[1:]
     ]
     again.shutdown()
+
+
+def test_a_worker_killed_while_a_checkpoint_reads_the_loops_state_leaves_the_checkpoint_whole(
+    ray_local, tmp_path, monkeypatch
+):
+    # worker-0 dies as the checkpoint at step 10 asks its loop for the registered state: the
+    # checkpoint is taken again from another worker. A PS killed after step 11 then sends
+    # every loop back to that checkpoint: its per-step scheduler must be step 10's
+    job = make_job(1, 3, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    job.run(max_steps=6)  # checkpoints at steps 0 and 5
+    kill_before(monkeypatch, job._loop, "snapshot", lambda group, step, next_epoch: group.workers[0].handle)
+    job.run(max_steps=6)
+    assert any("the checkpoint at step 10 failed" in e for e in job.report().events)
+    ray.kill(job.ps[0].handle)
+    report = job.run()
+    assert any("restored from checkpoint at step 10 (lost 2 steps)" in e for e in report.events), report.events
+    assert report.state == "finished" and report.step == 44
+    params, want = reference(loops.scheduled_mlp)
+    assert relative_error(job.parameters(), params) < TOL
+    assert [(m.step, m.values["lr"]) for m in report.metrics] == [(r["step"], r["metrics"]["lr"]) for r in want]
+    job.shutdown()

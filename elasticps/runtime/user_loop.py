@@ -115,8 +115,8 @@ class LoopState:
         loops ended; taken once per step: a loop waits at the boundary after
         its snapshot, so its state cannot change before the next step)."""
         if group.workers and not self.finished and self.state_at != step:
-            self.state_at = step
             self.state, metrics = snapshot(group.workers[0], group.param_refs, group.bounds, step, next_epoch)
+            self.state_at = step  # once it came: a worker that died meanwhile leaves it to be taken again
             self.add_metrics(metrics)
 
     def finish(self, group: TaskGroup, step: int) -> None:
