@@ -210,7 +210,7 @@ class Recovery:
             except ray.exceptions.RayError as exc:
                 if attempt == MAX_READ_TRIES:
                     raise JobFailedError(f"{what} failed {attempt} times (the last: {error_text(exc)})") from exc
-                self._event(f"{what} failed: {error_text(exc)}; recovering")
+                self._event(f"{what} failed ({error_text(exc)}); recovering")
                 self._recover(exc, False, "", what)
                 if self._step() != step:
                     return None, False
