@@ -24,87 +24,13 @@ from pathlib import Path
 
 from elasticps.errors import ConfigError
 from elasticps.manager.runtime import ProgramInfo
+from elasticps.manager.schema import connect
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.states import JobState, check_transition
 
 log = logging.getLogger("elasticps.manager")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    name TEXT PRIMARY KEY,
-    spec TEXT NOT NULL,
-    state TEXT NOT NULL,
-    submitted_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS allocations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job TEXT NOT NULL REFERENCES jobs(name),
-    at REAL NOT NULL,
-    num_ps INTEGER NOT NULL,
-    num_workers INTEGER NOT NULL,
-    placement TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS observations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job TEXT NOT NULL REFERENCES jobs(name),
-    at REAL NOT NULL,
-    num_ps INTEGER NOT NULL,
-    num_workers INTEGER NOT NULL,
-    samples_per_s REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    job TEXT,
-    kind TEXT NOT NULL,
-    message TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rescales (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job TEXT NOT NULL REFERENCES jobs(name),
-    at REAL NOT NULL,
-    step INTEGER NOT NULL,
-    from_ps INTEGER NOT NULL,
-    from_workers INTEGER NOT NULL,
-    to_ps INTEGER NOT NULL,
-    to_workers INTEGER NOT NULL,
-    pause_s REAL NOT NULL,
-    launch_s REAL,
-    ok INTEGER NOT NULL
-);
-CREATE TABLE IF NOT EXISTS cluster_log (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    at REAL NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS cluster_log_kind ON cluster_log(kind, id);
-CREATE INDEX IF NOT EXISTS allocations_job ON allocations(job, id);
-CREATE INDEX IF NOT EXISTS rescales_job ON rescales(job, id);
-CREATE INDEX IF NOT EXISTS observations_job ON observations(job, id);
-CREATE INDEX IF NOT EXISTS events_job ON events(job, id);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
-"""
-#: Columns added since the first schema, per table (an older database gains them on open).
-ADDED_COLUMNS = {
-    "jobs": {"info": "TEXT", "desired": "TEXT", "progress": "TEXT"},  # progress: the latest Progress, as JSON
-    "observations": {
-        "batch": "INTEGER NOT NULL DEFAULT 0",  # the global batch (0: the program's)
-        "nodes": "INTEGER NOT NULL DEFAULT 1",  # the nodes the job's tasks ran on
-        "cross": "REAL",  # the share of PS traffic that crossed nodes (NULL: not measured)
-        # what the dashboard's curves show (NULL in rows written before they were kept)
-        "step": "INTEGER",  # the window's last step
-        "epoch": "INTEGER",
-        "loss": "REAL",  # the window's mean training loss
-        "metric": "REAL",  # the latest evaluation metric when the window was read
-    },
-}
-
 STATES = tuple(s.value for s in JobState)
-#: How long a write waits for another process's lock on the database before it
-#: fails (the API then answers 503 with Retry-After, not a request hung for long).
-BUSY_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -161,16 +87,7 @@ class Store:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))  # the owner's alone (-wal and -shm follow it)
-        self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
-        for table, columns in ADDED_COLUMNS.items():
-            have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-            for column, kind in columns.items():
-                if column not in have:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        self._db = connect(self.path)
         self._lock = threading.RLock()
 
     def close(self) -> None:
