@@ -267,6 +267,33 @@ def test_sync_batches_walk_the_epoch_and_report_its_end():
     assert list(idx) == [0, 1, 2, 3] and list(upcoming) == [4, 5, 6, 7]
 
 
+def test_an_epoch_undone_by_a_restore_is_timed_again_from_its_own_start():
+    """A restore to step 2 undoes epoch 0, which ended at step 3 (10 samples in
+    10 s): when it ends again, its report counts from epoch 0's start (10
+    samples in 25 s), not from its first end (no samples in 15 s)."""
+    p = _progress(num_samples=10, batch=4, epochs=2)
+    p.start_epoch_clock(100.0)
+
+    def steps(n: int) -> int | None:
+        ended = None
+        for _ in range(n):
+            idx, nxt, _ = p.next_batch()
+            p.step += 1
+            ended = p.advance(len(idx), nxt)
+        return ended
+
+    assert steps(3) == 0
+    first = p.end_epoch(0, 110.0, None, None, None, {}, (1, 1))
+    p.start_epoch_clock(110.0)
+    assert (first.samples_per_s, first.elapsed_s) == (1.0, 10.0)
+    p.resume(Checkpoint(2, DataPosition(0, 8), ShardState(np.zeros(2, np.float32)), 0, "sgd", samples_seen=8))
+    assert p.epochs == [] and p.samples_seen == 8
+    assert steps(1) == 0
+    again = p.end_epoch(0, 125.0, None, None, None, {}, (1, 1))
+    assert (again.samples_per_s, again.elapsed_s) == (10 / 25, 25.0)
+    assert [e.epoch for e in p.epochs] == [0]
+
+
 def test_no_batch_is_read_ahead_past_the_last_epoch():
     p = _progress(num_samples=10, batch=4, epochs=1)
     p.position = DataPosition(0, 8)

@@ -35,6 +35,7 @@ class Progress:
         self.batches: GlobalBatches | None = None  # the data order, once the dataset's size is known
         self.epochs: list[EpochReport] = []
         self._epoch_start = (0.0, 0)  # when the epoch began (monotonic s), and samples_seen then
+        self._epoch_starts: list[tuple[float, int]] = []  # the same for each epoch of ``epochs``
 
     @property
     def done(self) -> bool:
@@ -57,10 +58,14 @@ class Progress:
 
     def resume(self, ckpt: Checkpoint) -> None:
         """Go back to ``ckpt``'s step, data position and samples; the reports of
-        epochs that ended after it are undone (they end again)."""
+        epochs that ended after it are undone (they end again, timed from the
+        start of the first of them)."""
         with self._lock:
             self.step, self.position, self.samples_seen = ckpt.step, ckpt.position, ckpt.samples_seen
-            self.epochs = [e for e in self.epochs if e.step <= ckpt.step]
+            kept = sum(1 for e in self.epochs if e.step <= ckpt.step)
+            if kept < len(self.epochs):
+                self._epoch_start = self._epoch_starts[kept]
+            del self.epochs[kept:], self._epoch_starts[kept:]
 
     # ---------------------------------------------------------- sync steps
     def next_batch(self) -> tuple[np.ndarray, DataPosition, np.ndarray | None]:
@@ -129,4 +134,5 @@ class Progress:
         )
         with self._lock:
             self.epochs.append(report)
+            self._epoch_starts.append((t0, s0))
         return report
