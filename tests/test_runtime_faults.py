@@ -73,9 +73,34 @@ def test_a_ps_killed_before_an_evaluation_or_the_final_checkpoint_goes_back_to_a
     assert any("1 PS shard(s) died; restored from checkpoint at step 42 (lost 2 steps)" in e for e in report.events)
     assert report.state == "finished" and report.step == 44
     assert [(e.epoch, e.step) for e in report.epoch_reports] == [(0, 22), (1, 44)]
+    assert all(e.samples_per_s > 0 for e in report.epoch_reports)  # timed from their starts, not first ends
     assert CheckpointStore(tmp_path).latest().step == 44
     ref = train_single_process(program)
     assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def test_an_evaluation_whose_ps_keeps_dying_fails_the_job_though_each_death_sends_it_back(
+    ray_local, tmp_path, monkeypatch
+):
+    # epoch 0 ends at step 22, the newest checkpoint is step 20's: each death while epoch 0's
+    # evaluation reads the shards sends the job back to step 20, and the evaluation comes
+    # again two steps later. Its tries count across those returns.
+    job = make_job(1, 1, digits.program(epochs=2), checkpoint_dir=str(tmp_path), checkpoint_every_steps=10)
+    kills: list[int] = []
+
+    def victim(params):
+        if len(kills) == MAX_READ_TRIES:  # the test's bound, so that it fails rather than loops
+            raise AssertionError(f"epoch 0's evaluation tried a {len(kills) + 1}th time")
+        kills.append(job.step)
+        return job.ps[0].handle
+
+    kill_before(monkeypatch, job, "_evaluate", victim, once=False)
+    with pytest.raises(JobFailedError, match=f"epoch 0's evaluation failed {MAX_READ_TRIES} times"):
+        job.run()
+    assert kills == [22] * MAX_READ_TRIES
+    events = job.report().events
+    assert sum("restored from checkpoint at step 20 (lost 2 steps)" in e for e in events) == MAX_READ_TRIES - 1
     job.shutdown()
 
 

@@ -21,7 +21,8 @@ A task may die between two steps as well, while the job reads the shards (a
 checkpoint, an evaluation) or starts: :meth:`Recovery.between_steps` recovers
 as after a failed step and reads again, and :meth:`Recovery.start` starts the
 job's tasks again; each fails the job with the last cause after
-``MAX_READ_TRIES`` / ``MAX_START_FAILURES`` tries.
+``MAX_READ_TRIES`` / ``MAX_START_FAILURES`` tries (a read's tries go on
+across the returns to a checkpoint it caused).
 
 A task may also die while a shape change is switched in at a boundary (the
 running shards' state gathered, re-cut and installed on the new PS list):
@@ -158,6 +159,7 @@ class Recovery:
         self.checkpoints = checkpoints
         self._event, self._step = hooks.event, hooks.step
         self._rewind = rewind
+        self._read_tries: dict[str, int] = {}  # failed tries of a read between steps not yet done, by its name
 
     def recover(self, exc: BaseException, ps_inconsistent: bool = False) -> None:
         """After a failed step: drop dead workers, restore lost PS, or give up.
@@ -198,23 +200,30 @@ class Recovery:
     def between_steps(self, read: Callable[[], T], what: str) -> tuple[T | None, bool]:
         """``read()`` (a checkpoint, an evaluation: it reads the tasks between
         two steps); a task that died meanwhile is recovered as after a failed
-        step, and the read tried again. ``what`` names it for events and errors.
+        step, and the read tried again. ``what`` names it for events and errors,
+        and counts its tries: a read that sent the job back to a checkpoint comes
+        again once the steps are redone, and its tries go on from where they were
+        (a PS that dies at every read would otherwise redo the same steps for ever).
 
         Returns ``(read's value, True)``, or ``(None, False)`` if the recovery
         went back to a checkpoint: the job is at an earlier step, so what the
         caller read for is undone with it."""
         step = self._step()
-        for attempt in range(1, MAX_READ_TRIES + 1):
+        while True:
             try:
-                return read(), True
+                value = read()
             except ray.exceptions.RayError as exc:
-                if attempt == MAX_READ_TRIES:
-                    raise JobFailedError(f"{what} failed {attempt} times (the last: {error_text(exc)})") from exc
+                tries = self._read_tries.get(what, 0) + 1
+                self._read_tries[what] = tries
+                if tries >= MAX_READ_TRIES:
+                    raise JobFailedError(f"{what} failed {tries} times (the last: {error_text(exc)})") from exc
                 self._event(f"{what} failed ({error_text(exc)}); recovering")
                 self._recover(exc, False, "", what)
                 if self._step() != step:
                     return None, False
-        raise AssertionError("unreachable")
+            else:
+                self._read_tries.pop(what, None)
+                return value, True
 
     def start(self, shape: Shape, request_id: int, state: ShardState) -> None:
         """The job's first install: start ``shape``'s tasks and give the shards
