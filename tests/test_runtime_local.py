@@ -15,7 +15,7 @@ import torch
 from elasticps import ConfigError, JobFailedError, PlacementError, ProgramError, TrainingProgram
 from elasticps.examples import digits
 from elasticps.runtime import relative_error, train_single_process
-from tests.helpers import counted_digits, make_job, run_until_applied, wait_for
+from tests.helpers import counted_digits, kill_task, make_job, run_until_applied, wait_for
 
 TOL = 1e-5
 
@@ -176,7 +176,7 @@ def test_dead_workers_are_dropped_and_replaced(ray_local):
     program = digits.program(epochs=50)
     job = make_job(1, 3, program)
     job.run(max_steps=3)
-    ray.kill(job.workers[0].handle)
+    kill_task(job.workers[0].handle)
     os.kill(job.workers[1].pid, signal.SIGKILL)  # a real process death, like os._exit
     job.run(max_steps=1)
     assert len(job.workers) == 1
@@ -195,7 +195,7 @@ def test_dead_ps_restores_from_checkpoint(ray_local, tmp_path):
     program = digits.program(epochs=2)
     job = make_job(2, 2, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
     job.run(max_steps=7)  # checkpoints at steps 0 and 5
-    ray.kill(job.ps[1].handle)
+    kill_task(job.ps[1].handle)
     job.run(max_steps=1)
     report = job.report()
     assert any("restored from checkpoint at step 5 (lost 2 steps)" in e for e in report.events)

@@ -9,15 +9,13 @@ import functools
 import os
 import signal
 
-import ray
-
 from elasticps.examples import digits_loop
 from elasticps.loop import api
 from elasticps.loop.local import LocalSession
 from elasticps.runtime import relative_error
 from elasticps.runtime.flat import flat_params
 from tests import loops
-from tests.helpers import kill_before, make_job
+from tests.helpers import kill_before, kill_task, make_job
 
 TOL = 1e-5
 
@@ -47,7 +45,7 @@ def test_a_ps_killed_mid_epoch_is_restored_with_the_loops_registered_state(ray_l
         2, 2, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5, placement_timeout_s=240
     )
     job.run(max_steps=8)  # checkpoints at steps 0 and 5; the loops' per-step scheduler is at step 8
-    ray.kill(job.ps[1].handle)
+    kill_task(job.ps[1].handle)
     report = job.run()
     assert any("restored from checkpoint at step 5 (lost 3 steps)" in e for e in report.events)
     assert report.state == "finished" and report.step == 44
@@ -88,7 +86,7 @@ def test_a_worker_killed_while_a_checkpoint_reads_the_loops_state_leaves_the_che
     kill_before(monkeypatch, job._loop, "snapshot", lambda group, step, next_epoch: group.workers[0].handle)
     job.run(max_steps=6)
     assert any("the checkpoint at step 10 failed" in e for e in job.report().events)
-    ray.kill(job.ps[0].handle)
+    kill_task(job.ps[0].handle)
     report = job.run()
     assert any("restored from checkpoint at step 10 (lost 2 steps)" in e for e in report.events), report.events
     assert report.state == "finished" and report.step == 44
