@@ -89,13 +89,19 @@ def grow(
     def push(job: JobView) -> None:
         p, w = decision[job.id]
         cap_p, cap_w = (caps or {}).get(job.id, (job.max_ps, job.max_workers))
+        top_p, top_w = min(cap_p, job.max_ps), min(cap_w, job.max_workers)
         best: tuple[float, tuple[int, int]] | None = None
         for d in jumps:  # longer jumps only where no shorter one pays: at a dip, not on a slope
-            options = [(p, w + d), (p + d, w)] + ([(p + d, w + d)] if pairs else [])
-            for new in options:
-                if new[0] > min(cap_p, job.max_ps) or new[1] > min(cap_w, job.max_workers):
-                    continue
-                if not _delta(job, (p, w), new).fits_in(left):
+            if p + d > top_p and w + d > top_w:
+                continue  # past both caps
+            # what each option adds (what _delta returns, worked out once per push)
+            more_ps = job.ps_resources if d == 1 else job.ps_resources.scaled(d)
+            more_workers = job.worker_resources if d == 1 else job.worker_resources.scaled(d)
+            options = [((p, w + d), more_workers), ((p + d, w), more_ps)]
+            if pairs:
+                options.append(((p + d, w + d), more_ps + more_workers))
+            for new, added in options:
+                if new[0] > top_p or new[1] > top_w or not added.fits_in(left):
                     continue
                 s = score(job, (p, w), new)
                 if s is not None and s > 0 and (best is None or s > best[0]):
@@ -123,11 +129,12 @@ def grow(
 
 def _delta(job: JobView, old: tuple[int, int], new: tuple[int, int]) -> Resources:
     """What going from ``old`` to ``new`` adds (one task, in the common case)."""
-    if new == (old[0] + 1, old[1]):
+    dp, dw = new[0] - old[0], new[1] - old[1]
+    if dw == 0 and dp == 1:
         return job.ps_resources
-    if new == (old[0], old[1] + 1):
+    if dp == 0 and dw == 1:
         return job.worker_resources
-    return _jump(job.ps_resources, job.worker_resources, new[0] - old[0], new[1] - old[1])
+    return _jump(job.ps_resources, job.worker_resources, dp, dw)
 
 
 #: A jump's tasks (``tasks_of``), worked out once per task size and count.
