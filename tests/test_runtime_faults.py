@@ -7,11 +7,14 @@ stay those of single-process training."""
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from elasticps import JobFailedError
+import pytest
+import ray
+
+from elasticps import JobFailedError, PlacementError
 from elasticps.examples import digits
-from elasticps.runtime import CheckpointStore, relative_error, train_single_process
+from elasticps.runtime import CheckpointStore, relative_error, tasks, train_single_process
 from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES
 from tests.helpers import kill_before, kill_task, make_job, run_until_applied
 
@@ -104,16 +107,36 @@ def test_an_evaluation_whose_ps_keeps_dying_fails_the_job_though_each_death_send
     job.shutdown()
 
 
-def test_a_task_killed_during_the_first_install_starts_the_job_again(ray_local, monkeypatch):
+@pytest.mark.parametrize("moment", ["before it runs", "during the install"])
+def test_a_task_killed_as_the_job_starts_starts_the_job_again(ray_local, monkeypatch, moment):
     program = digits.program(epochs=50, optimizer="adam")
     job = make_job(2, 2, program)
-    kill_before(monkeypatch, job._rescale, "install", lambda pending, started, state: started[1].handle)
+    if moment == "before it runs":
+        kill_before(monkeypatch, tasks, "wait_ready", lambda pending, timeout_s, names: pending[1].handle)
+    else:
+        kill_before(monkeypatch, job._rescale, "install", lambda pending, started, state: started[1].handle)
     job.run(max_steps=3)
     report = job.report()
     assert any("a task died while the job started" in e for e in report.events), report.events
     assert report.state == "running" and (len(job.ps), len(job.workers)) == (2, 2)
     ref = train_single_process(program, max_steps=3)
     assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def _model_that_fails_in_a_task():
+    if ray.get_runtime_context().get_actor_id() is not None:
+        raise ValueError("no data on this node")
+    return digits.mlp()
+
+
+def test_a_task_whose_constructor_fails_at_start_fails_the_job_at_once(ray_local):
+    # the program's own error in every worker: starting again would only repeat it
+    program = dataclasses.replace(digits.program(), model=_model_that_fails_in_a_task)
+    job = make_job(1, 1, program)
+    with pytest.raises(PlacementError, match="no data on this node"):
+        job.run(max_steps=1)
+    assert not any("starting its tasks again" in e for e in job.report().events)
     job.shutdown()
 
 

@@ -94,3 +94,21 @@ def test_a_worker_killed_while_a_checkpoint_reads_the_loops_state_leaves_the_che
     assert relative_error(job.parameters(), params) < TOL
     assert [(m.step, m.values["lr"]) for m in report.metrics] == [(r["step"], r["metrics"]["lr"]) for r in want]
     job.shutdown()
+
+
+def test_a_worker_killed_as_an_epoch_ends_leaves_the_loops_exact(ray_local, monkeypatch):
+    # batch 256: 6 steps an epoch; worker-0 dies as epoch 0's end asks its loop for the
+    # registered state (after the loop's test pass): it is asked of another worker instead
+    fn = functools.partial(loops.scheduled_mlp, batch_size=256)
+    job = make_job(1, 3, fn)
+    job.start()
+    kill_before(monkeypatch, job._loop, "snapshot", lambda group, step, next_epoch: group.workers[0].handle)
+    report = job.run()
+    assert any("the loops' end of epoch 0 failed" in e for e in report.events), report.events
+    assert report.state == "finished" and report.step == 12
+    params, want = reference(fn)
+    assert relative_error(job.parameters(), params) < TOL
+    assert [(m.step, m.epoch, m.values) for m in report.metrics] == [
+        (r["step"], r["epoch"], r["metrics"]) for r in want
+    ]
+    job.shutdown()

@@ -508,14 +508,18 @@ class JobController:
         p = self._progress
         self._flush_window()
         now = time.monotonic()  # the epoch's time leaves its evaluation out
-        metric, read = self._evaluated(f"epoch {epoch}'s")
+        if self._loop:  # the loop's code after the epoch (its test pass, report) runs now; its report is the metric
+            loop = self._loop
+            read = self._recovery.between_steps(
+                lambda: loop.finish(self._group, p.step) if p.done else self._snapshot_user_state(),
+                f"the loops' end of epoch {epoch}",
+            )[1]
+            metric, values = user_loop.epoch_metrics(loop.metrics, epoch)
+        else:
+            (metric, read), values = self._evaluated(f"epoch {epoch}'s"), {}
         if not read:
             return  # the job went back to a checkpoint: this epoch ends again once its steps are redone
         loss, gns = self._record.end_epoch()
-        values: dict[str, float | None] = {}
-        if self._loop:  # the loop's code after the epoch (its test pass, report) runs now; its report is the metric
-            self._loop.finish(self._group, p.step) if p.done else self._snapshot_user_state()
-            metric, values = user_loop.epoch_metrics(self._loop.metrics, epoch)
         report = p.end_epoch(epoch, now, loss, gns, metric, values, self._group.counts())
         p.start_epoch_clock(time.monotonic())
         metric_text = "" if report.metric is None else f", metric {report.metric:.4f}"
