@@ -65,8 +65,8 @@ def test_a_ps_killed_before_an_evaluation_or_the_final_checkpoint_goes_back_to_a
     # ends again. Then it dies before the final checkpoint (step 44): back to step 42, and
     # epoch 1 ends again. Each epoch is reported once.
     program = digits.program(epochs=2)
-    job = make_job(2, 2, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
-    kill_before(monkeypatch, job, "_evaluate", lambda params: job.ps[1].handle)
+    job = make_job(1, 1, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    kill_before(monkeypatch, job, "_evaluate", lambda params: job.ps[0].handle)
     job.run(max_steps=43)
     assert any(
         "1 PS shard(s) died; restored from checkpoint at step 20 (lost 2 steps)" in e for e in job.report().events
@@ -110,15 +110,15 @@ def test_an_evaluation_whose_ps_keeps_dying_fails_the_job_though_each_death_send
 @pytest.mark.parametrize("moment", ["before it runs", "during the install"])
 def test_a_task_killed_as_the_job_starts_starts_the_job_again(ray_local, monkeypatch, moment):
     program = digits.program(epochs=50, optimizer="adam")
-    job = make_job(2, 2, program)
+    job = make_job(1, 1, program)
     if moment == "before it runs":
-        kill_before(monkeypatch, tasks, "wait_ready", lambda pending, timeout_s, names: pending[1].handle)
-    else:
-        kill_before(monkeypatch, job._rescale, "install", lambda pending, started, state: started[1].handle)
+        kill_before(monkeypatch, tasks, "wait_ready", lambda pending, timeout_s, names: pending[0].handle)
+    else:  # the PS: the install sets its state
+        kill_before(monkeypatch, job._rescale, "install", lambda pending, started, state: started[0].handle)
     job.run(max_steps=3)
     report = job.report()
     assert any("a task died while the job started" in e for e in report.events), report.events
-    assert report.state == "running" and (len(job.ps), len(job.workers)) == (2, 2)
+    assert report.state == "running" and (len(job.ps), len(job.workers)) == (1, 1)
     ref = train_single_process(program, max_steps=3)
     assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()
