@@ -27,9 +27,10 @@ newest checkpoint (``recovery``). A task that dies while a shape change is
 switched in is recovered from the same way, the shards from the state the
 switch gathered at this boundary if it got that far; the change then starts
 again against the tasks there are. So is one that dies while the job starts,
-or between two steps while a checkpoint or an evaluation reads the shards:
-those reads go through ``Recovery.between_steps``, and a read that sent the
-job back to a checkpoint is dropped with the step it was for.
+or between two steps while a checkpoint, an evaluation or the end of a
+loop's epoch reads the tasks: those reads go through
+``Recovery.between_steps``, and a read that sent the job back to a
+checkpoint is dropped with the step it was for.
 
 Over 400 lines because it is the job's public API (about half of the file,
 docstrings included) beside the one place that orders the pieces; the work
