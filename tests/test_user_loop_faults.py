@@ -12,7 +12,7 @@ import signal
 from elasticps.examples import digits_loop
 from elasticps.loop import api
 from elasticps.loop.local import LocalSession
-from elasticps.runtime import relative_error
+from elasticps.runtime import relative_error, user_loop
 from elasticps.runtime.flat import flat_params
 from tests import loops
 from tests.helpers import kill_before, kill_task, make_job
@@ -105,6 +105,22 @@ def test_a_worker_killed_as_an_epoch_ends_leaves_the_loops_exact(ray_local, monk
     kill_before(monkeypatch, job._loop, "snapshot", lambda group, step, next_epoch: group.workers[0].handle)
     report = job.run()
     assert any("the loops' end of epoch 0 failed" in e for e in report.events), report.events
+    assert report.state == "finished" and report.step == 12
+    params, want = reference(fn)
+    assert relative_error(job.parameters(), params) < TOL
+    assert [(m.step, m.epoch, m.values) for m in report.metrics] == [
+        (r["step"], r["epoch"], r["metrics"]) for r in want
+    ]
+    job.shutdown()
+
+
+def test_a_worker_killed_as_the_loops_end_leaves_the_job_finished(ray_local, monkeypatch):
+    # worker-0 dies as the loops are given the final parameters for their last part (the
+    # last test pass and report): worker-1's loop ends the same way, and the job finishes
+    fn = functools.partial(loops.scheduled_mlp, batch_size=256)
+    job = make_job(1, 2, fn)
+    kill_before(monkeypatch, user_loop, "finish", lambda workers, param_refs, bounds, step: workers[0].handle)
+    report = job.run()
     assert report.state == "finished" and report.step == 12
     params, want = reference(fn)
     assert relative_error(job.parameters(), params) < TOL

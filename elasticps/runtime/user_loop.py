@@ -75,15 +75,21 @@ def finish(
 ) -> tuple[list[MetricReport], bytes | None]:
     """Give every loop the final parameters and let it end; returns the reports
     of its last part (from the first worker that made any) and the first
-    worker's registered state at its end."""
+    worker's registered state at its end. A worker that dies meanwhile is
+    passed over (every loop ends the same way); the job fails if the loop's
+    code failed, or if no worker's loop ended."""
     refs = [w.handle.finish.remote(param_refs, bounds, step, FINISH_TIMEOUT_S) for w in workers]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=FINISH_TIMEOUT_S + 30)
-    outs = []
+    outs, died = [], None
     for ref in ready:
         try:
             outs.append(ray.get(ref))
+        except ray.exceptions.RayActorError as exc:
+            died = exc
         except ray.exceptions.RayError as exc:
             raise JobFailedError(f"the training loop failed after its last step: {exc}") from exc
+    if died is not None and not outs:
+        raise JobFailedError(f"every worker died after the last step: {died}") from died
     return step_metrics(outs), (outs[0]["state"] if outs else None)
 
 
