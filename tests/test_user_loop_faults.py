@@ -9,6 +9,8 @@ import functools
 import os
 import signal
 
+import pytest
+
 from elasticps.examples import digits_loop
 from elasticps.loop import api
 from elasticps.loop.local import LocalSession
@@ -96,31 +98,21 @@ def test_a_worker_killed_while_a_checkpoint_reads_the_loops_state_leaves_the_che
     job.shutdown()
 
 
-def test_a_worker_killed_as_an_epoch_ends_leaves_the_loops_exact(ray_local, monkeypatch):
-    # batch 256: 6 steps an epoch; worker-0 dies as epoch 0's end asks its loop for the
-    # registered state (after the loop's test pass): it is asked of another worker instead
-    fn = functools.partial(loops.scheduled_mlp, batch_size=256)
-    job = make_job(1, 3, fn)
-    job.start()
-    kill_before(monkeypatch, job._loop, "snapshot", lambda group, step, next_epoch: group.workers[0].handle)
-    report = job.run()
-    assert any("the loops' end of epoch 0 failed" in e for e in report.events), report.events
-    assert report.state == "finished" and report.step == 12
-    params, want = reference(fn)
-    assert relative_error(job.parameters(), params) < TOL
-    assert [(m.step, m.epoch, m.values) for m in report.metrics] == [
-        (r["step"], r["epoch"], r["metrics"]) for r in want
-    ]
-    job.shutdown()
-
-
-def test_a_worker_killed_as_the_loops_end_leaves_the_job_finished(ray_local, monkeypatch):
-    # worker-0 dies as the loops are given the final parameters for their last part (the
-    # last test pass and report): worker-1's loop ends the same way, and the job finishes
+@pytest.mark.parametrize("moment", ["an epoch ends", "the loops end"])
+def test_a_worker_killed_as_an_epoch_or_the_loops_end_leaves_the_job_exact(ray_local, monkeypatch, moment):
+    # batch 256: 6 steps an epoch. worker-0 dies as epoch 0's end asks its loop for the
+    # registered state (after the loop's test pass): it is asked of worker-1 instead; or as
+    # the loops get the final parameters for their last part: worker-1's ends the same way
     fn = functools.partial(loops.scheduled_mlp, batch_size=256)
     job = make_job(1, 2, fn)
-    kill_before(monkeypatch, user_loop, "finish", lambda workers, param_refs, bounds, step: workers[0].handle)
+    job.start()  # its install asks for the loops' state too, before any worker runs
+    if moment == "an epoch ends":
+        kill_before(monkeypatch, job._loop, "snapshot", lambda group, step, next_epoch: group.workers[0].handle)
+    else:
+        kill_before(monkeypatch, user_loop, "finish", lambda workers, param_refs, bounds, step: workers[0].handle)
     report = job.run()
+    if moment == "an epoch ends":
+        assert any("the loops' end of epoch 0 failed" in e for e in report.events), report.events
     assert report.state == "finished" and report.step == 12
     params, want = reference(fn)
     assert relative_error(job.parameters(), params) < TOL
