@@ -120,3 +120,38 @@ def test_a_worker_killed_as_an_epoch_or_the_loops_end_leaves_the_job_exact(ray_l
         (r["step"], r["epoch"], r["metrics"]) for r in want
     ]
     job.shutdown()
+
+
+def test_a_worker_lost_after_its_gradient_was_in_at_an_epochs_end_is_dropped_not_blamed_on_the_code(
+    ray_local, monkeypatch
+):
+    # step 5 ends epoch 0 (batch 256: 6 steps an epoch); every shard applies it, then worker-0
+    # is killed and its statistics are lost (a fault one machine cannot give on its own: the
+    # step's results come back together). The step stands and worker-0 is dropped, once: the
+    # epoch's end must not find it dead first and leave the lost statistics to look like the
+    # loop's own error
+    from dataclasses import replace
+
+    from ray.exceptions import ActorDiedError
+
+    from elasticps.runtime import steps
+
+    fn = functools.partial(loops.scheduled_mlp, batch_size=256)
+    job = make_job(1, 3, fn)
+    original = steps.sync_step
+
+    def sync_step(group, step, *args):
+        result = original(group, step, *args)
+        if step != 5:
+            return result
+        monkeypatch.setattr(steps, "sync_step", original)
+        kill_task(result.done[0][0].handle)
+        return replace(result, done=result.done[1:], stats_error=ActorDiedError())
+
+    monkeypatch.setattr(steps, "sync_step", sync_step)
+    report = job.run()
+    assert report.state == "finished" and report.step == 12 and len(job.workers) == 2, report.events
+    assert sum("1 worker(s) died; continuing with 2" in e for e in report.events) == 1, report.events
+    params, _ = reference(fn)
+    assert relative_error(job.parameters(), params) < TOL
+    job.shutdown()

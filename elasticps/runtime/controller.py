@@ -419,10 +419,15 @@ class JobController:
         self._account(stats, result.infos, [w for w, _ in result.done], wall, len(idx), big_batch=len(idx))  # type: ignore[arg-type]
         p.step += 1
         ended = p.advance(len(idx), next_pos)
+        if result.stats_error is not None:  # a worker died after its gradient was in: the step stands
+            # dropped before the epoch's end reads the tasks (which would drop it first, and leave
+            # this error with no dead task: the program's own code's, by the rule of a recovery)
+            stood = p.step
+            self._recovery.recover(result.stats_error)
+            if p.step != stood:  # a PS had died too: back to a checkpoint, whose epoch end comes again
+                return
         if ended is not None:
             self._end_epoch(ended)
-        if result.stats_error is not None:  # a worker died after its gradient was in: the step stands
-            self._recovery.recover(result.stats_error)
 
     def _async_segment(self, budget: int | None) -> None:
         """Async steps (:func:`steps.async_segment`) for one report interval, to
