@@ -155,3 +155,23 @@ def test_a_worker_lost_after_its_gradient_was_in_at_an_epochs_end_is_dropped_not
     params, _ = reference(fn)
     assert relative_error(job.parameters(), params) < TOL
     job.shutdown()
+
+
+def test_a_ps_killed_in_the_step_after_a_checkpoint_sends_the_loops_back_with_the_shards(
+    ray_local, tmp_path, monkeypatch
+):
+    # the checkpoint at step 10 gathered the shards, so the PS killed as step 10 starts is
+    # restored from that state, no step lost; but every loop ran part of step 10 (its
+    # per-step scheduler stepped): the loops go back to their state at step 10 too
+    from elasticps.runtime import steps
+
+    job = make_job(1, 2, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    job.run(max_steps=10)  # checkpoints at steps 0 and 5; the boundary before step 10 writes one
+    kill_before(monkeypatch, steps, "sync_step", lambda group, *args: group.ps[0].handle)
+    report = job.run()
+    assert any("the PS restored from the state gathered at step 10 (no steps lost)" in e for e in report.events)
+    assert report.state == "finished" and report.step == 44
+    params, want = reference(loops.scheduled_mlp)
+    assert relative_error(job.parameters(), params) < TOL
+    assert [(m.step, m.values["lr"]) for m in report.metrics] == [(r["step"], r["metrics"]["lr"]) for r in want]
+    job.shutdown()

@@ -105,7 +105,7 @@ class JobController:
         hooks = JobHooks(self._event, self._flush_window, lambda: self._progress.step)
         self._rescale = Rescaler(self.program, self.config, self._group, self._requests, hooks)
         self._checkpoints = Checkpoints(self.config, self._event)
-        self._recovery = Recovery(self._rescale, self._checkpoints, hooks, self._rewind)
+        self._recovery = Recovery(self._rescale, self._checkpoints, hooks, self._rewind, self._loops_back)
         self._evaluate = Evaluator(self.program)
 
     # ------------------------------------------------------------------ API
@@ -549,6 +549,16 @@ class JobController:
         assert self._loop is not None
         self._snapshot_user_state()
         self._loop.join(joining)
+
+    def _loops_back(self, step: int) -> bool:
+        """The loops go back to their registered state at ``step`` before they
+        redo it (they ran part of it); False: that state was not taken."""
+        if not self._loop:
+            return True
+        if self._loop.state_at != step:
+            return False
+        self._loop.resume(self._loop.state, step, self.workers)
+        return True
 
     def _rewind(self, ckpt: Checkpoint) -> None:
         """Go back to ``ckpt``'s step, data position and loop state (a restore of the PS)."""

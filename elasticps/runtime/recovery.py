@@ -16,6 +16,9 @@ What a failed step may have left, and what restores it:
 A restore takes the shards' whole state at the job's step if the group still
 holds it (gathered by a switch or a checkpoint, or installed, at this step and
 no step applied since: :meth:`TaskGroup.state_at`): then no step is lost.
+After a failed step a user's loops, which ran part of it, go back to their
+registered state at that step as well; where it was not taken (a switch
+gathers the shards only), the restore takes the checkpoint instead.
 
 A task may die between two steps as well, while the job reads the shards (a
 checkpoint, an evaluation) or starts: :meth:`Recovery.between_steps` recovers
@@ -149,16 +152,25 @@ class Checkpoints:
 class Recovery:
     """Restores the tasks of ``rescaler``'s job after a failed step (new ones
     start through it). ``rewind(ckpt)``: set the job's step, data position and
-    loop state back to ``ckpt``'s (before the shards get its state)."""
+    loop state back to ``ckpt``'s (before the shards get its state).
+    ``loops_back(step)``: a user's loops, which ran part of a failed step, go
+    back to their registered state at ``step`` (False: it is not known, and
+    the shards are not restored from the state at ``step`` either)."""
 
     def __init__(
-        self, rescaler: Rescaler, checkpoints: Checkpoints, hooks: JobHooks, rewind: Callable[[Checkpoint], None]
+        self,
+        rescaler: Rescaler,
+        checkpoints: Checkpoints,
+        hooks: JobHooks,
+        rewind: Callable[[Checkpoint], None],
+        loops_back: Callable[[int], bool] = lambda step: True,
     ) -> None:
         self.rescaler = rescaler
         self.config, self.group, self.requests = rescaler.config, rescaler.group, rescaler.requests
         self.checkpoints = checkpoints
         self._event, self._step = hooks.event, hooks.step
         self._rewind = rewind
+        self._loops_back = loops_back
         self._read_tries: dict[str, int] = {}  # failed tries of a read between steps not yet done, by its name
 
     def recover(self, exc: BaseException, ps_inconsistent: bool = False) -> None:
@@ -168,7 +180,11 @@ class Recovery:
         applied the step and others not; the PS are restored from the checkpoint.
         """
         torn = "an update failed part-way (a worker's gradient was lost)"
-        self._recover(exc, ps_inconsistent, torn, f"step {self._step()}")
+        step = self._step()
+        state = self.group.state_at(step)
+        if state is not None and not self._loops_back(step):  # the loops cannot redo the step from there
+            state = None
+        self._recover(exc, ps_inconsistent, torn, f"step {step}", state=state)
 
     def recover_switch(self, failed: SwitchFailed) -> None:
         """After a shape change failed while it was switched in at a boundary:
@@ -189,7 +205,7 @@ class Recovery:
                 failed.state is not None,
                 "a task died while the shards were re-cut",
                 f"the rescale at step {self._step()}",
-                state=failed.state,
+                state=failed.state if failed.state is not None else self.group.state_at(self._step()),
                 dead_starting=dead_starting,
             )
         except Exception as exc:
@@ -218,7 +234,7 @@ class Recovery:
                 if tries >= MAX_READ_TRIES:
                     raise JobFailedError(f"{what} failed {tries} times (the last: {error_text(exc)})") from exc
                 self._event(f"{what} failed ({error_text(exc)}); recovering")
-                self._recover(exc, False, "", what)
+                self._recover(exc, False, "", what, state=self.group.state_at(step))
                 if self._step() != step:
                     return None, False
             else:
@@ -272,7 +288,6 @@ class Recovery:
         dead_starting: int = 0,
     ) -> None:
         group = self.group
-        state = state if state is not None else group.state_at(self._step())
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if not tasks.is_alive(t.handle, timeout)]
         dead_workers = [t for t in group.workers if not tasks.is_alive(t.handle, timeout)]
