@@ -255,12 +255,11 @@ class Recovery:
                 self.rescaler.install(pending, started, state)
                 return
             except (ray.exceptions.RayError, PlacementError) as exc:
-                if not self._died_starting(exc, started):
-                    for p in pending.starting():
-                        tasks.kill(p.handle)
-                    raise
+                died = self._died_starting(exc, started)  # before the kill below, which would make every task dead
                 for p in pending.starting():
                     tasks.kill(p.handle)
+                if not died:
+                    raise
                 self.group.nodes_used.update(t.node_id for t in started)  # swept at shutdown
                 if attempt == MAX_START_FAILURES:
                     raise JobFailedError(
