@@ -43,6 +43,29 @@ FUSED_OPTIMIZERS = frozenset({"sgd", "adam", "adamw", "adagrad"})
 #: or 0 (unchanged).
 LR_SCALING = {"sqrt": 0.5, "linear": 1.0, "none": 0.0}
 
+
+def check_batch_range(name: str, base: int, top: int | None, batch: int) -> int:
+    """``batch`` if it is in ``base..top`` (``top`` None: ``base`` only), else a ProgramError."""
+    top = top or base
+    if not (isinstance(batch, int) and base <= batch <= top):
+        raise ProgramError(f"{name}: global batch must be in {base}..{top}, got {batch!r}")
+    return batch
+
+
+def check_adaptive_range(base: int, top: int | None, lr_scaling: str) -> None:
+    """A ProgramError unless ``top`` (None: fixed batch) is an int >= ``base``
+    and ``lr_scaling`` is one of :data:`LR_SCALING`."""
+    if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and top >= base):
+        raise ProgramError(f"max_batch_size must be an int >= batch_size ({base}), got {top!r}")
+    if lr_scaling not in LR_SCALING:
+        raise ProgramError(f"lr_scaling must be one of {sorted(LR_SCALING)}, got {lr_scaling!r}")
+
+
+def lr_factor(batch: int, base: int, lr_scaling: str) -> float:
+    """What the learning rate is multiplied by at global batch ``batch``: (batch/base)^k."""
+    return (batch / base) ** LR_SCALING[lr_scaling]
+
+
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = Callable[[torch.Tensor, torch.Tensor], float]
 
@@ -131,10 +154,7 @@ class TrainingProgram:
             raise ProgramError(f"epochs must be >= 1, got {self.epochs}")
         if not self.lr > 0:
             raise ProgramError(f"lr must be > 0, got {self.lr}")
-        if self.max_batch_size is not None and self.max_batch_size < self.batch_size:
-            raise ProgramError(f"max_batch_size ({self.max_batch_size}) must be >= batch_size ({self.batch_size})")
-        if self.lr_scaling not in LR_SCALING:
-            raise ProgramError(f"lr_scaling must be one of {sorted(LR_SCALING)}, got {self.lr_scaling!r}")
+        check_adaptive_range(self.batch_size, self.max_batch_size, self.lr_scaling)
         if self.lr_schedule is not None and not callable(self.lr_schedule):
             raise ProgramError("lr_schedule must be callable as lr_schedule(step) -> float")
         if (self.metric is None) != (self.eval_dataset is None):
@@ -148,20 +168,21 @@ class TrainingProgram:
 
     def check_batch(self, batch: int) -> int:
         """``batch`` if this program may train at it, else a ProgramError."""
-        top = self.max_batch_size or self.batch_size
-        if not (isinstance(batch, int) and self.batch_size <= batch <= top):
-            raise ProgramError(f"{self.name}: global batch must be in {self.batch_size}..{top}, got {batch!r}")
-        return batch
+        return check_batch_range(self.name, self.batch_size, self.max_batch_size, batch)
 
     def lr_at(self, step: int, batch: int) -> float:
         """The learning rate of ``step`` at global batch ``batch``."""
-        lr = self.lr * (batch / self.batch_size) ** LR_SCALING[self.lr_scaling]
+        lr = self.lr * lr_factor(batch, self.batch_size, self.lr_scaling)
         if self.lr_schedule is not None:
             factor = float(self.lr_schedule(step))
             if not (factor >= 0 and factor < float("inf")):
                 raise ProgramError(f"{self.name}: lr_schedule({step}) returned {factor!r}, not a finite value >= 0")
             lr *= factor
         return lr
+
+    def lr_text(self, step: int, batch: int) -> str:
+        """The learning rate of ``step`` at ``batch``, for the job's events."""
+        return f"lr {self.lr_at(step, batch):.4g}, {self.lr_scaling} scaling"
 
     def build_model(self) -> torch.nn.Module:
         """The model with the program's reproducible initial parameters."""

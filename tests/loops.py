@@ -35,10 +35,17 @@ def gated_digits(gate: str, **kwargs):
         digits_loop.train = train
 
 
-def scheduled_mlp(epochs: int = 2, batch_size: int = 64, lr: float = 0.05, seed: int = 0):
+def scheduled_mlp(
+    epochs: int = 2,
+    batch_size: int = 64,
+    lr: float = 0.05,
+    seed: int = 0,
+    max_batch_size: int | None = None,
+    lr_scaling: str = "sqrt",
+):
     """A small loop whose learning rate moves every step (linear warm-up, then a
-    per-step decay, LambdaLR) beside a per-epoch StepLR: registered state that a
-    restart or a restored PS must bring back exactly."""
+    per-step decay, LambdaLR): registered state that a restart or a restored PS
+    must bring back exactly. ``max_batch_size``: its global batch is adaptive."""
     import torch
 
     import elasticps.torch as ept
@@ -49,7 +56,9 @@ def scheduled_mlp(epochs: int = 2, batch_size: int = 64, lr: float = 0.05, seed:
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model, opt = ept.prepare(model, opt)
     per_step = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * 0.99**s)
-    loader = ept.DataLoader(train_set(), batch_size=batch_size, shuffle=True)
+    loader = ept.DataLoader(
+        train_set(), batch_size=batch_size, shuffle=True, max_batch_size=max_batch_size, lr_scaling=lr_scaling
+    )
     x_test, y_test = test_set().tensors
     ept.register(per_step=per_step)
     for _ in ept.epochs(epochs):

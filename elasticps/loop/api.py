@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from elasticps.errors import ProgramError
+from elasticps.program import check_adaptive_range
 
 
 class Session(Protocol):
@@ -89,6 +90,15 @@ class DataLoader:
     the data is one number whatever the number of workers. The dataset must be
     map-style (``len`` and indexing); ``collate_fn`` batches samples as torch's
     DataLoader does (``default_collate``; a TensorDataset is indexed at once).
+
+    ``max_batch_size``: the global batch is adaptive, from ``batch_size`` up to
+    it: in a job the scheduler (or ``JobController.set_batch_size``) may change
+    it at a step boundary, and the loader then yields this worker's share of
+    the new global batch. ``lr_scaling`` (one of ``sqrt``, ``linear``,
+    ``none``): at global batch M the PS shards apply every lr of the prepared
+    optimizer, as the loop's scheduler has it, times (M / batch_size) ** k
+    (k = 0.5, 1, 0); the optimizer's own lr is left as the loop set it. Run in
+    one process, the loop trains at ``batch_size``.
     """
 
     def __init__(
@@ -100,6 +110,8 @@ class DataLoader:
         seed: int = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         drop_last: bool = False,
+        max_batch_size: int | None = None,
+        lr_scaling: str = "sqrt",
     ) -> None:
         map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
         if isinstance(dataset, IterableDataset) or not map_style:
@@ -114,15 +126,20 @@ class DataLoader:
             raise ProgramError(f"batch_size must be an int >= 1 (the global batch), got {batch_size!r}")
         if len(dataset) == 0:
             raise ProgramError("the DataLoader's dataset is empty")
+        check_adaptive_range(batch_size, max_batch_size, lr_scaling)
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = seed
         self.collate_fn = collate_fn
+        self.max_batch_size = max_batch_size
+        self.lr_scaling = lr_scaling
         current().add_loader(self)
 
     def __len__(self) -> int:
-        """Global batches per epoch."""
+        """Global batches of ``batch_size`` per epoch, whatever the global batch
+        now (an epoch at a larger batch has fewer steps: a per-step scheduler
+        sized by ``len(loader)`` runs through its schedule in more epochs)."""
         return -(-len(self.dataset) // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:

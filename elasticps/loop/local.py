@@ -151,6 +151,8 @@ class DescribeSession:
             layout=self.layout,
             registered=self.registered,
             model=self.model,
+            max_batch_size=self.loader.max_batch_size,
+            lr_scaling=self.loader.lr_scaling,
         )
 
 

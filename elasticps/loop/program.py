@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from elasticps.errors import ProgramError
-from elasticps.program import ELEMENTWISE_OPTIMIZERS
+from elasticps.program import ELEMENTWISE_OPTIMIZERS, check_batch_range, lr_factor
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ class LoopProgram:
     layout: OptimizerLayout
     registered: tuple[str, ...] = ()
     model: torch.nn.Module | None = field(default=None, repr=False)  # the controller's copy only
-    max_batch_size: int | None = None
-    lr_scaling: str = "none"
+    max_batch_size: int | None = None  # the DataLoader's: the global batch may grow up to it
+    lr_scaling: str = "sqrt"  # the DataLoader's: how the user's lr follows the global batch
     metric: None = None
     eval_dataset: None = None
 
@@ -130,13 +130,25 @@ class LoopProgram:
         return self.layout.name
 
     def check_batch(self, batch: int) -> int:
-        if batch != self.batch_size:
-            raise ProgramError(f"{self.name}: a user loop trains at its DataLoader's batch {self.batch_size}")
-        return batch
+        """``batch`` if the loop may train at it (its DataLoader's ``batch_size``
+        up to its ``max_batch_size``), else a ProgramError."""
+        if self.max_batch_size is None and batch != self.batch_size:
+            raise ProgramError(
+                f"{self.name}: the loop trains at its DataLoader's batch {self.batch_size}, got {batch!r}: "
+                "give elasticps.torch.DataLoader a max_batch_size to let the global batch adapt"
+            )
+        return check_batch_range(self.name, self.batch_size, self.max_batch_size, batch)
 
-    def lr_at(self, step: int, batch: int) -> None:
-        """None: the learning rate is the user's optimizer's, read from the workers each step."""
-        return None
+    def lr_at(self, step: int, batch: int) -> float:
+        """The factor on every lr of the user's optimizer at global batch ``batch``:
+        (batch / batch_size) ** k by ``lr_scaling``. The lr itself is the user's
+        (their scheduler's at ``step``), read from the workers each step; the
+        PS shards apply it times this factor."""
+        return lr_factor(batch, self.batch_size, self.lr_scaling)
+
+    def lr_text(self, step: int, batch: int) -> str:
+        """The rule at ``batch``, for the job's events."""
+        return f"the optimizer's lr x{self.lr_at(step, batch):.4g}, {self.lr_scaling} scaling"
 
     def build_model(self) -> torch.nn.Module:
         if self.model is None:

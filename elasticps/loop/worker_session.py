@@ -143,8 +143,17 @@ class WorkerSession:
             raise ProgramError(
                 "a second elasticps.torch.DataLoader: it is the training set; evaluate with torch.utils.data.DataLoader"
             )
-        if len(loader.dataset) != self.program.num_samples or loader.batch_size != self.program.batch_size:
-            raise ProgramError("this worker's DataLoader differs from the describe run's (dataset length or batch)")
+        p = self.program
+        if (len(loader.dataset), loader.batch_size, loader.max_batch_size, loader.lr_scaling) != (
+            p.num_samples,
+            p.batch_size,
+            p.max_batch_size,
+            p.lr_scaling,
+        ):
+            raise ProgramError(
+                "this worker's DataLoader differs from the describe run's (dataset length, batch, "
+                "max_batch_size or lr_scaling)"
+            )
         self.loader = loader
 
     def epochs(self, n: int) -> Iterator[int]:

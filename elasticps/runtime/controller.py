@@ -124,8 +124,9 @@ class JobController:
     def set_batch_size(self, batch: int) -> None:
         """Ask for global batch ``batch``: the next step after a step boundary
         trains at it, with the learning rate the program's rule gives
-        (:meth:`TrainingProgram.lr_at`). Only programs with ``max_batch_size``
-        may change it, and only in ``sync`` mode."""
+        (:meth:`TrainingProgram.lr_at`; a loop's: its optimizer's lr times
+        :meth:`LoopProgram.lr_at`). Only programs (and loops' DataLoaders) with
+        ``max_batch_size`` may change it, and only in ``sync`` mode."""
         self.program.check_batch(batch)
         if batch != self.program.batch_size and self.config.mode != "sync":
             raise ConfigError(f"job {self.program.name}: the global batch adapts in sync mode only")
@@ -375,10 +376,7 @@ class JobController:
         batch = self._requests.take_batch()
         if batch is not None and batch != p.batch_size:
             self._flush_window()  # a window's steps share one batch
-            self._event(
-                f"global batch {p.batch_size} -> {batch} (lr {self.program.lr_at(p.step, batch):.4g}, "
-                f"{self.program.lr_scaling} scaling)"
-            )
+            self._event(f"global batch {p.batch_size} -> {batch} ({self.program.lr_text(p.step, batch)})")
             p.batch_size = batch
         try:
             self._rescale.at_boundary()
@@ -403,7 +401,7 @@ class JobController:
         p = self._progress
         idx, next_pos, upcoming = p.next_batch()
         loop = (p.position.epoch, self._loop.joiners) if self._loop else None
-        measure = self._measure_gns() and not self._loop
+        measure = self._measure_gns()
         t0 = time.perf_counter()
         result = steps.sync_step(self._group, p.step, idx, upcoming, p.lr(), self.program.seed, measure, loop)
         if not result.complete:

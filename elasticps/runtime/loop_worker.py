@@ -149,7 +149,10 @@ class LoopWorker(WorkerBase):
     ) -> tuple[Any, ...]:
         """This worker's gradient of step ``step``: ``indices`` are its share of the
         global batch of ``denominator`` samples (``pad``: a stand-in sample
-        weighted 0, the batch being smaller than the workers)."""
+        weighted 0, the batch being smaller than the workers). With ``measure``,
+        the squared norm of its share's mean gradient (before the share's
+        weight) is the small-batch half of a noise-scale sample; a worker that
+        holds the whole batch has none."""
         loader = self.session.loader
         batch, prefetched = self._samples(indices, prefetch, None if loader is None else loader.fetch)
         t0 = time.perf_counter()
@@ -161,6 +164,11 @@ class LoopWorker(WorkerBase):
             out = self._await(self.session.outbox)
         t2 = time.perf_counter()
         assert self.session.flat is not None
+        small = len(indices) if measure and scale > 0 and len(indices) < denominator else 0
+        sqnorm = float("nan")
+        if small:
+            grads = self.session.flat.grads
+            sqnorm = float(torch.dot(grads, grads)) / scale**2
         slices = self._handoff(self.session.flat.grads_numpy(), bounds, same_node)
         stats = {
             **out,
@@ -168,8 +176,8 @@ class LoopWorker(WorkerBase):
             "samples": 0 if pad else len(indices),
             "pull_s": t1 - t0,
             "compute_s": t2 - t1,
-            "batch_half": 0,
-            "sqnorm_half": float("nan"),
+            "batch_half": small,
+            "sqnorm_half": sqnorm,
             "sqnorm_local": float("nan"),
             **self._transfer_stats(parts, slices, prefetched),
         }

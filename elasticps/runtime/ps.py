@@ -143,6 +143,7 @@ class PSShard:
         copy_out: bool = True,
         lr: float | dict[str, Any] | None = None,
         norms: list[dict[str, float]] | None = None,
+        lr_factor: float = 1.0,
     ) -> tuple[dict[str, float], np.ndarray | ShmRef]:
         """Sum the workers' gradient slices for ``step`` (in the order given) and update.
 
@@ -160,6 +161,9 @@ class PSShard:
         ``grads`` is empty: the sum was kept by :meth:`reduce`); without them a
         loop's clipping is by this shard's own norm, the whole gradient's when
         it is the job's only shard (the controller then skips the reduce call).
+        ``lr_factor``: a loop's adaptive-batch factor on each group's lr (this
+        shard's copy of the hyperparameters only; the user's optimizer keeps its
+        own). The measured norm is the gradient's before any clipping.
         """
         if norms is not None:
             norms = ray.get(list(norms))  # refs to every shard's reduce of this step
@@ -167,6 +171,9 @@ class PSShard:
             assert summed_step == step, f"reduce of step {summed_step}, apply of step {step}"
         else:
             total, received_at = self._sum(grads)
+        info = {"received_at": received_at}
+        if measure:
+            info["grad_sqnorm"] = float(np.dot(total, total))
         t1 = time.perf_counter()
         clip = lr.get("clip") if isinstance(lr, dict) else None
         if clip is not None:  # into the reused buffer: no fresh 40 MB each step
@@ -183,6 +190,8 @@ class PSShard:
             if isinstance(lr, dict):
                 for group in self.opt.param_groups:
                     group.update(lr["groups"][group["user_group"]])
+                    if lr_factor != 1.0:
+                        group["lr"] = group["lr"] * lr_factor
             elif lr is not None:
                 for group in self.opt.param_groups:
                     group["lr"] = lr
@@ -190,9 +199,7 @@ class PSShard:
             for p in self.segments:
                 p.grad = None
         self.version = step + 1  # the step whose parameters these are
-        info = {"received_at": received_at, "update_s": time.perf_counter() - t1}
-        if measure:
-            info["grad_sqnorm"] = float(np.dot(total, total))
+        info["update_s"] = time.perf_counter() - t1
         if not copy_out and self._param_shm is not None:
             return info, self._param_shm.ref()
         return info, self.data.numpy()

@@ -113,7 +113,9 @@ class StepRecorder:
                         win.local_bytes += pulled + pushed
                     else:
                         win.cross_bytes += pulled + pushed
+            # the workers whose small batch is the first's (shares may differ by a sample): an even average
             halves = [s for s in stats if s["batch_half"] > 0]
+            halves = [s for s in halves if s["batch_half"] == halves[0]["batch_half"]]
             if halves and (not big_batch or all("grad_sqnorm" in i for i in infos)):
                 sample = GradientSample(
                     batch_small=halves[0]["batch_half"],

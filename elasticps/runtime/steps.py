@@ -94,7 +94,9 @@ def sync_step(
     ``upcoming``: what the workers most likely read next (read while this step
     runs). ``loop``: for a user's own loop, ``(epoch, {id(worker handle):
     registered state for its first step})``: every worker's loop takes part,
-    if only with a padding sample, and the lr comes from the first worker."""
+    if only with a padding sample, the lr and other hyperparameters come from
+    the first worker's optimizer, and ``lr`` is the factor the shards multiply
+    its lrs by (the adaptive batch's, :meth:`LoopProgram.lr_at`)."""
     ps, workers = group.ps, group.workers
     nexts = split_evenly(upcoming, len(workers)) if upcoming is not None else [None] * len(workers)
     calls = []
@@ -119,7 +121,9 @@ def sync_step(
             **extra,
         )
         calls.append((w, refs))
+    factor: dict[str, float] = {}
     if loop is not None:  # the lr and other hyperparameters of the user's optimizer: from the first worker
+        factor = {"lr_factor": lr}  # a float beside the stats ref, which Ray resolves as a top-level argument
         lr = calls[0][1][0]
     grads = [[refs[j + 1] for _, refs in calls] for j in range(len(ps))]
     norms = None
@@ -134,6 +138,7 @@ def sync_step(
             any(w.node_id != p.node_id for w in workers),
             lr,
             *([norms] if norms is not None else []),
+            **factor,
         )
         for j, p in enumerate(ps)
     ]
