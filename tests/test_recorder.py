@@ -74,6 +74,15 @@ def test_the_epochs_noise_scale_comes_from_its_own_gradient_samples():
     assert len(rec.gradient_samples) == 4  # the job's own list keeps them
 
 
+def test_uneven_small_batches_give_a_sample_of_the_workers_with_the_first_ones_size():
+    rec = StepRecorder("job", report_interval_s=3600.0, lock=threading.RLock())
+    # 64 samples over 3 workers: shares of 22, 21, 21; the two of 21 measured another small batch
+    stats = [_worker(22, [8], [8], half=22), _worker(21, [8], [8], half=21), _worker(21, [8], [8], half=21)]
+    stats[1]["sqnorm_half"] = stats[2]["sqnorm_half"] = 9.0
+    rec.account(0, stats, [_shard(sqnorm=2.5)], ["a"], ["a"] * 3, 0.01, 64, 64, Shape(1, 3, 64))
+    assert rec.gradient_samples == [GradientSample(22, 4.0, 64, 2.5)]
+
+
 def test_events_keep_the_newest_and_count_them_all():
     rec = StepRecorder("job", report_interval_s=1.0, lock=threading.RLock())
     for i in range(MAX_EVENTS + 5):
