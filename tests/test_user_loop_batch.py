@@ -103,6 +103,23 @@ def test_the_batch_changed_live_matches_one_process_at_those_batches_with_the_sc
     job.shutdown()
 
 
+def test_a_job_started_again_on_its_checkpoints_resumes_at_the_batch_it_had(ray_local, tmp_path):
+    fn = functools.partial(loops.scheduled_mlp, epochs=1, max_batch_size=128)
+    first = make_job(1, 2, fn, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    first.run(max_steps=3)
+    first.set_batch_size(128)
+    first.run(max_steps=4)  # steps 3..6 at 128, checkpointed at step 5
+    first.shutdown()
+    again = make_job(1, 1, fn, checkpoint_dir=str(tmp_path))
+    report = again.run()
+    assert "resumed from checkpoint at step 5 (epoch 0)" in report.events[0]
+    with api.active(ScheduledBatches(lambda step: 64 if step < 3 else 128)) as session:
+        want = flat_params(fn())
+    assert report.state == "finished" and report.step == session.batches == 13 and report.batch_size == 128
+    assert relative_error(again.parameters(), want) < TOL
+    again.shutdown()
+
+
 def _sqnorm(model: torch.nn.Module, idx: np.ndarray) -> float:
     x, y = train_set().tensors
     loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
