@@ -71,3 +71,44 @@ def scheduled_mlp(
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
         ept.report(accuracy=accuracy, lr=opt.param_groups[0]["lr"])
     return model
+
+
+def tabled_bag(epochs: int = 2, batch_size: int = 64, samples: int = 768, vocab: int = 3001, optimizer: str = "adamw"):
+    """Bags of token ids (0 pads) through a PS-held table read twice per batch
+    (the tokens and a per-bag id), mean-pooled into a linear layer, with
+    global-norm clipping: a dense layer beside the table, a row that a shard
+    boundary cuts (vocab * 7 elements over 2-3 shards), a padding row."""
+    import torch
+
+    import elasticps.torch as ept
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    tokens = (torch.rand(samples, 6, generator=g) ** 2 * vocab).long().clamp(max=vocab - 1)
+    tokens[:, 4:] *= (torch.rand(samples, 1, generator=g) < 0.5).long()  # some bags padded with 0
+    labels = (tokens % 3 == 0).sum(1).clamp(max=2)
+    loader = ept.DataLoader(torch.utils.data.TensorDataset(tokens, labels), batch_size=batch_size, shuffle=True)
+
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = ept.Embedding(vocab, 7, padding_idx=0)
+            self.out = torch.nn.Linear(7, 3)
+
+        def forward(self, x):
+            return self.out(self.table(x).mean(1) + self.table(x[:, 0]))
+
+    model = Bag()
+    cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad}[optimizer]
+    opt = cls(model.parameters(), lr=0.01)
+    model, opt = ept.prepare(model, opt)
+    for _ in ept.epochs(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+        with torch.no_grad():
+            accuracy = (model(tokens).argmax(1) == labels).float().mean().item()
+        ept.report(accuracy=accuracy)
+    return model

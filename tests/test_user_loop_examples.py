@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import ray
 
 from elasticps.examples import recsys_loop, transformer_loop
 from elasticps.loop import api
@@ -20,14 +21,17 @@ TRANSFORMER = {"epochs": 2, "samples": 384, "batch_size": 64, "width": 32, "warm
 RECSYS = {"epochs": 2, "samples": 3072, "batch_size": 256, "users": 2000, "items": 20_000, "dim": 8}  # 24 steps
 
 
-def rescaled_run(fn, kwargs, steps):
+def rescaled_run(fn, kwargs, steps, at_2x3=None):
     """``fn(**kwargs)`` as a job: 1x1, then 2x3 after ``steps[0]`` steps, then 1x2
-    after ``steps[1]`` more; its report and final parameters."""
+    after ``steps[1]`` more; its report and final parameters. ``at_2x3(job)``
+    is called once the job is at 2x3."""
     job = make_job(1, 1, functools.partial(fn, **kwargs))
     job.run(max_steps=steps[0])
     for shape, n in zip([(2, 3), (1, 2)], [steps[1], None], strict=True):
         run_until_applied(job, job.rescale(*shape))
         assert (len(job.ps), len(job.workers)) == shape
+        if shape == (2, 3) and at_2x3 is not None:
+            at_2x3(job)
         report = job.run(max_steps=n)
     params = job.parameters()
     job.shutdown()
@@ -60,7 +64,16 @@ def test_the_transformer_loop_through_live_rescales_matches_one_process(ray_loca
 
 
 def test_the_recommendation_loop_through_live_rescales_matches_one_process(ray_local):
-    report, params = rescaled_run(recsys_loop.main, RECSYS, (5, 8))
+    held = []
+    report, params = rescaled_run(
+        recsys_loop.main,
+        RECSYS,
+        (5, 8),
+        lambda job: held.extend(ray.get([w.handle.held_bytes.remote() for w in job.workers])),
+    )
+    # the tables are all of the model, and the PS holds them: a worker holds no parameter (and reads
+    # the rows of its batch); the whole table is 792,000 bytes
+    assert held == [0, 0, 0]
     assert report.state == "finished" and report.step == 24
     want, reports = one_process(recsys_loop.main, RECSYS)
     assert relative_error(params, want) < 1e-5

@@ -1,16 +1,17 @@
-"""A recommendation-style loop as a user brings it: user and item embedding
-tables (a dot product plus biases, click-through logits), Adagrad, a test pass
-after every epoch; the five lines marked ``# elasticps`` are all that changed
-(docs/user-loop.md shows the diff).
+"""A recommendation-style loop as a user brings it: a user and an item
+embedding table (a row is ``dim`` factors and a bias; a dot product plus the
+biases gives click-through logits), Adagrad, a test pass after every epoch;
+the seven lines marked ``# elasticps`` are all that changed (docs/user-loop.md
+shows the diff): five calls, and the two tables marked as the PS's
+(``ept.Embedding`` for ``nn.Embedding``).
 
 The data are generated clicks: users and items have hidden factors, items are
 drawn by a power law (a few popular, a long tail), so a batch touches few rows
 of the item table: the gradient is sparse in rows. The embedding tables are
 the model: ``items=200_000, users=50_000, dim=32`` (the defaults) is 8.25M
 parameters, 33 MB, and Adagrad's state as much again; the PS shards split
-both (docs/user-loop.md says what a worker holds). Adagrad leaves the rows a
-step does not touch unchanged, and updates elementwise, so the shards apply
-it exactly.
+both, and a worker holds neither: its forward reads the rows of its batch from
+the shards, and its step pushes their gradient (docs/user-loop.md).
 
 Run alone: ``python -m elasticps.examples.recsys_loop``; as a job:
 ``elasticps train elasticps.examples.recsys_loop:main --ps 3 --workers 2``.
@@ -38,20 +39,20 @@ def clicks(n: int, users: int, items: int, seed: int) -> TensorDataset:
 
 
 class Recommender(nn.Module):
+    """A user's and an item's ``dim`` factors and a bias: one table row each."""
+
     def __init__(self, users: int, items: int, dim: int) -> None:
         super().__init__()
-        self.user = nn.Embedding(users, dim)
-        self.item = nn.Embedding(items, dim)
-        self.user_bias = nn.Embedding(users, 1)
-        self.item_bias = nn.Embedding(items, 1)
+        self.dim = dim
+        self.user = ept.Embedding(users, dim + 1)  # elasticps: the PS holds the table
+        self.item = ept.Embedding(items, dim + 1)  # elasticps: the PS holds the table
         for table in (self.user, self.item):
-            nn.init.normal_(table.weight, std=0.1)
-        for bias in (self.user_bias, self.item_bias):
-            nn.init.zeros_(bias.weight)
+            nn.init.normal_(table.weight[:, :dim], std=0.1)
+            nn.init.zeros_(table.weight[:, dim])
 
     def forward(self, user: torch.Tensor, item: torch.Tensor) -> torch.Tensor:
-        dot = (self.user(user) * self.item(item)).sum(1)
-        return dot + self.user_bias(user).squeeze(1) + self.item_bias(item).squeeze(1)
+        u, i = self.user(user), self.item(item)
+        return (u[:, : self.dim] * i[:, : self.dim]).sum(1) + u[:, self.dim] + i[:, self.dim]
 
 
 def test(model, data):

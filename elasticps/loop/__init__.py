@@ -3,5 +3,7 @@
 - :mod:`elasticps.loop.api`: the calls the loop makes, routed to a session;
 - :mod:`elasticps.loop.local`: single-process and describe sessions;
 - :mod:`elasticps.loop.worker_session`: the session inside a job's worker;
-- :mod:`elasticps.loop.program`: :class:`LoopProgram`, what the runtime knows of a loop.
+- :mod:`elasticps.loop.program`: :class:`LoopProgram`, what the runtime knows of a loop;
+- :mod:`elasticps.loop.embedding` and :mod:`elasticps.loop.rows`: embedding tables the PS
+  holds and no worker does (a worker pulls and pushes the rows its batch uses).
 """

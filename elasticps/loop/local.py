@@ -18,6 +18,7 @@ import torch
 
 from elasticps.errors import ProgramError
 from elasticps.loop.api import DataLoader, active
+from elasticps.loop.embedding import tables_of
 from elasticps.loop.program import LoopProgram, OptimizerLayout
 from elasticps.runtime.data import DataPosition, GlobalBatches
 
@@ -150,6 +151,7 @@ class DescribeSession:
             seed=self.loader.seed,
             layout=self.layout,
             registered=self.registered,
+            tables=tables_of(self.model)[0],
             model=self.model,
             max_batch_size=self.loader.max_batch_size,
             lr_scaling=self.loader.lr_scaling,

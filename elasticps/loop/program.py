@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from elasticps.errors import ProgramError
+from elasticps.loop.rows import Tables
 from elasticps.program import ELEMENTWISE_OPTIMIZERS, check_batch_range, lr_factor
 
 
@@ -116,6 +117,7 @@ class LoopProgram:
     seed: int
     layout: OptimizerLayout
     registered: tuple[str, ...] = ()
+    tables: Tables | None = None  # embedding tables the PS holds and the workers do not
     model: torch.nn.Module | None = field(default=None, repr=False)  # the controller's copy only
     max_batch_size: int | None = None  # the DataLoader's: the global batch may grow up to it
     lr_scaling: str = "sqrt"  # the DataLoader's: how the user's lr follows the global batch

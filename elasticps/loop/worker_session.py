@@ -19,6 +19,9 @@ Parameters are copied into the model's own flat buffer (the user may read and
 write them freely between steps); gradients are gathered into the flat
 gradient buffer at ``step()`` and weighted by this worker's share of the
 global batch, so the sum over workers is the global-batch mean gradient.
+A model's PS-held tables (:class:`~elasticps.loop.embedding.Embedding`) are
+in neither buffer: their rows are read and pushed by a
+:class:`~elasticps.loop.embedding.RowClient`.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 
 from elasticps.errors import ProgramError
 from elasticps.loop.api import DataLoader
+from elasticps.loop.embedding import RowClient, tables_of
 from elasticps.loop.local import check_prepare_args
 from elasticps.loop.program import LoopProgram, OptimizerLayout
 from elasticps.runtime.flat import FlatModel
@@ -95,6 +99,8 @@ def _elastic_step(opt: torch.optim.Optimizer, closure: Callable[[], Any] | None 
 
 @dataclass
 class WorkerSession:
+    tables_on_ps = True  # an elasticps.torch.Embedding built here allocates nothing
+
     program: LoopProgram
     grad_buffer: Callable[[int], np.ndarray | None]
     inbox: queue.Queue = field(default_factory=queue.Queue)
@@ -120,6 +126,8 @@ class WorkerSession:
         self.norm_layers: list[torch.nn.Module] = []
         self.bound: tuple[list[np.ndarray], list[tuple[int, int]]] | None = None
         self.checks_left = CHECKED_STEPS
+        self.rows: RowClient | None = None
+        self.row_grads: list[tuple[int, np.ndarray, np.ndarray]] = []  # the last step's, for the push
 
     # -- the user's calls -------------------------------------------------------------
     def prepare(self, model: Any, opt: Any, inexact: bool) -> tuple[Any, Any]:
@@ -130,7 +138,14 @@ class WorkerSession:
         if layout.segments != self.program.layout.segments:
             raise ProgramError("this worker's model or param groups differ from those of the describe run")
         numel = layout.segments[-1][1] if layout.segments else 0
-        self.flat = FlatModel(model, self.grad_buffer(numel))
+        tables, modules = tables_of(model)
+        if tables != self.program.tables:
+            raise ProgramError("this worker's elasticps.torch.Embedding tables differ from those of the describe run")
+        if tables is not None:
+            self.rows = RowClient(tables, modules)
+            numel = tables.dense(numel)
+        skip = self.rows.param_ids if self.rows else None
+        self.flat = FlatModel(model, self.grad_buffer(numel), skip)
         self.norm_layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         self.opt = opt
         opt._elasticps_session = self  # type: ignore[attr-defined]
@@ -196,6 +211,8 @@ class WorkerSession:
             if msg.user_state is not None:  # where the state was snapshotted: after the code that follows a step
                 self.restore(msg.user_state)
             self.stash, self.current, self.pushed, self.loss_sum, self.clip = None, msg, False, 0.0, None
+            if self.rows is not None:
+                self.rows.start_batch()
             yield msg.batch.result() if msg.batch is not None else loader.fetch(msg.indices)
 
     def report(self, metrics: dict[str, float]) -> dict[str, Any]:
@@ -230,6 +247,7 @@ class WorkerSession:
         self.flat.collect_grads()
         if msg.scale != 1.0:
             self.flat.grads.mul_(msg.scale)
+        self.row_grads = self.rows.take_grads(msg.scale) if self.rows else []
         samples = len(msg.indices) if msg.scale > 0 else 0
         stats = {
             "groups": _hyperparameters(self.opt),
@@ -248,7 +266,7 @@ class WorkerSession:
         ProgramError if it cannot be applied to the global gradient."""
         if self.flat is None or self.current is None:
             return False
-        ours = {id(p) for p, _, _ in self.flat.layout}
+        ours = {id(p) for p, _, _ in self.flat.layout} | (self.rows.param_ids if self.rows else set())
         given = {id(p) for p in params}
         if not given & ours:
             return False
@@ -280,6 +298,17 @@ class WorkerSession:
         """A scalar the loop called ``backward()`` on (its loss), for the job's reports."""
         self.loss_sum += value
 
+    def held_bytes(self) -> int:
+        """The bytes this worker holds of the model: its flat parameter and
+        gradient buffers, and every model tensor with storage of its own."""
+        assert self.flat is not None
+        storages = {}
+        for t in [*self.flat.model.parameters(), *self.flat.model.buffers(), self.flat.params, self.flat.grads]:
+            if t.device.type != "meta":
+                storage = t.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
     def take_reports(self) -> list[dict[str, Any]]:
         out, self.reports = self.reports, []
         return out
@@ -296,8 +325,9 @@ class WorkerSession:
 
     def _receive(self, msg: StepMessage | ParamsMessage) -> None:
         assert self.flat is not None, "a message before prepare()"
-        self.flat.load(msg.parts, msg.bounds)
-        self.bound = (msg.parts, msg.bounds)
+        parts, bounds = self.rows.bind(msg.parts, msg.bounds) if self.rows else (msg.parts, msg.bounds)
+        self.flat.load(parts, bounds)
+        self.bound = (parts, bounds)
         self.steps = msg.step
         if isinstance(msg, StepMessage):
             self.stash, self.next_epoch = msg, msg.epoch

@@ -16,9 +16,12 @@ class FlatModel:
     ``grads``. No copy is needed to send or receive a whole model.
     """
 
-    def __init__(self, model: torch.nn.Module, grads_buffer: np.ndarray | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, grads_buffer: np.ndarray | None = None, skip: set[int] | None = None
+    ) -> None:
+        """``skip``: ids of trainable parameters left out (tables the PS holds for the workers)."""
         self.model = model
-        plist = [p for p in model.parameters() if p.requires_grad]
+        plist = [p for p in model.parameters() if p.requires_grad and id(p) not in (skip or ())]
         for p in plist:
             if p.dtype != torch.float32:
                 raise TypeError(f"elasticps trains float32 parameters, found {p.dtype}")

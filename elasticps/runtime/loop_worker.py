@@ -168,8 +168,15 @@ class LoopWorker(WorkerBase):
         sqnorm = float("nan")
         if small:
             grads = self.session.flat.grads
-            sqnorm = float(torch.dot(grads, grads)) / scale**2
-        slices = self._handoff(self.session.flat.grads_numpy(), bounds, same_node)
+            rows_sq = sum(float(np.dot(g.ravel(), g.ravel())) for _, _, g in self.session.row_grads)
+            sqnorm = (float(torch.dot(grads, grads)) + rows_sq) / scale**2
+        grads, rows = self.session.flat.grads_numpy(), self.session.rows
+        if rows is None:
+            slices = self._handoff(grads, bounds, same_node)
+        else:  # the dense gradient, and the rows of the PS-held tables that the batch read
+            self._raise_lost()
+            dense = self._handoff(grads, rows.tables.dense_bounds(bounds), same_node)
+            slices = rows.pushes(dense, self.session.row_grads, bounds)
         stats = {
             **out,
             "step": step,
@@ -190,7 +197,9 @@ class LoopWorker(WorkerBase):
         registered state (and reports) as they are when it next waits for a batch."""
         parts = self._pull(param_refs)
         self.session.inbox.put(ParamsMessage(step, parts, bounds, next_epoch, snapshot=True))
-        return self._await(self.session.snapshots)
+        out = self._await(self.session.snapshots)
+        self._raise_lost()
+        return out
 
     def finish(
         self, param_refs: list[ray.ObjectRef], bounds: list[tuple[int, int]], step: int, timeout_s: float
@@ -202,7 +211,19 @@ class LoopWorker(WorkerBase):
         ended = self._done.wait(timeout_s)
         if self.error is not None:
             raise TrainingFunctionError(f"the training function failed after its last step:\n{self.error}")
+        self._raise_lost()
         return {"reports": self.session.take_reports(), "ended": ended, "state": self.session.snapshot()}
+
+    def held_bytes(self) -> int:
+        """What this worker holds of the model (see :meth:`WorkerSession.held_bytes`)."""
+        return self.session.held_bytes()
+
+    def _raise_lost(self) -> None:
+        """A PS-held table's shard could not be read since the last call: what the
+        loop computed since is not to be used (the shard died; the job recovers)."""
+        lost = self.session.rows.take_lost() if self.session.rows else None
+        if lost is not None:
+            raise lost
 
     def _await(self, box: queue.Queue) -> Any:
         out = box.get()

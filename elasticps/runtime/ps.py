@@ -10,6 +10,7 @@ import numpy as np
 import ray
 import torch
 
+from elasticps.loop.rows import DenseSlice, Tables, read_rows, sum_pushes
 from elasticps.program import TrainingProgram
 from elasticps.runtime.cpu_limit import CpuLimit
 from elasticps.runtime.shard_state import ShardState
@@ -27,6 +28,10 @@ class PSShard:
     The slice is one tensor, or (a user loop whose optimizer has several param
     groups) one tensor per group segment, each a view of the slice, so that
     each segment is updated with its group's hyperparameters.
+
+    A model with PS-held embedding tables (``program.tables``) pulls and
+    pushes only its dense part and the rows a batch touches
+    (:mod:`elasticps.loop.rows`); the shard still updates its whole range.
     """
 
     def __init__(
@@ -42,8 +47,11 @@ class PSShard:
         self.data = torch.zeros(0)
         self.opt, self.segments = program.shard_optimizer(self.data, 0)
         self.version = 0
+        self.lo = 0  # where the slice starts in the flat vector
+        self.tables: Tables | None = getattr(program, "tables", None)
         self._summed: tuple[int, np.ndarray, float] = (-1, np.zeros(0, np.float32), 0.0)
         self._sum_out = np.zeros(0, np.float32)  # the buffer the workers' gradients are summed into, reused
+        self._handle: Any = None  # this actor's handle, given with the pulls when the model has PS-held tables
 
     # -- lifecycle ------------------------------------------------------------
     def ready(self) -> dict[str, Any]:
@@ -62,7 +70,7 @@ class PSShard:
             data = torch.from_numpy(self._param_shm.array)
         else:
             data = torch.from_numpy(np.array(state.params, dtype=np.float32))
-        self.data = data
+        self.data, self.lo = data, lo
         self.opt, self.segments = self.program.shard_optimizer(data, lo)
         if state.vectors or state.scalars:
             sd = self.opt.state_dict()
@@ -78,7 +86,7 @@ class PSShard:
                 offset += n
             self.opt.load_state_dict(sd)
         self.version = version
-        return self.data.numpy()
+        return self._pulled() if self.tables else self.data.numpy()
 
     def get_state(self) -> ShardState:
         """Parameters and optimizer state of the slice: per-element state glued
@@ -96,6 +104,21 @@ class PSShard:
 
     def params(self) -> np.ndarray:
         return self.data.numpy()
+
+    @ray.method(concurrency_group="rows")
+    def read_rows(self, table: int, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` of PS-held table ``table`` as this shard holds them (zeros
+        where another shard holds a row's rest). It runs in its own concurrency
+        group: a worker's forward reads rows while this step's update waits for the
+        gradients."""
+        assert self.tables is not None
+        return read_rows(self.data.numpy(), self.lo, self.tables.tables[table], ids)
+
+    def _pulled(self) -> DenseSlice:
+        assert self.tables is not None
+        if self._handle is None:
+            self._handle = ray.get_runtime_context().current_actor
+        return DenseSlice(self.tables.compact(self.data.numpy(), self.lo), self._handle)
 
     def ping(self) -> int:
         return self.version
@@ -119,8 +142,13 @@ class PSShard:
         return {} if clip is None else norm_part(total, clip[1])
 
     def _sum(self, grads: list[ray.ObjectRef]) -> tuple[np.ndarray, float]:
-        arrays = [self._attached.resolve(g) for g in ray.get(grads)]
+        pushed = ray.get(grads)
         received_at = time.time()
+        if self.tables:
+            with self.cpu_limit.held():
+                lo = self.lo
+                return sum_pushes(self.tables, pushed, self._attached.resolve, lo, lo + self.data.numel()), received_at
+        arrays = [self._attached.resolve(g) for g in pushed]
         with self.cpu_limit.held():
             total = arrays[0] if len(arrays) == 1 else np.add(arrays[0], arrays[1], out=self._sum_buffer(arrays[0]))
             for g in arrays[2:]:
@@ -144,7 +172,7 @@ class PSShard:
         lr: float | dict[str, Any] | None = None,
         norms: list[dict[str, float]] | None = None,
         lr_factor: float = 1.0,
-    ) -> tuple[dict[str, float], np.ndarray | ShmRef]:
+    ) -> tuple[dict[str, float], np.ndarray | ShmRef | DenseSlice]:
         """Sum the workers' gradient slices for ``step`` (in the order given) and update.
 
         ``grads`` are object refs to arrays (copies from other nodes) or to
@@ -200,6 +228,8 @@ class PSShard:
                 p.grad = None
         self.version = step + 1  # the step whose parameters these are
         info["update_s"] = time.perf_counter() - t1
+        if self.tables:
+            return info, self._pulled()
         if not copy_out and self._param_shm is not None:
             return info, self._param_shm.ref()
         return info, self.data.numpy()

@@ -32,8 +32,10 @@ def _actor_class(kind: Kind, program: Any) -> Any:
             from elasticps.runtime.loop_worker import MAX_CONCURRENCY, LoopWorker
 
             _ACTOR_CLASSES[key] = ray.remote(max_concurrency=MAX_CONCURRENCY)(_with_output(LoopWorker))
+        elif kind == "ps":  # a PS-held table's rows are read while the shard's update waits for gradients
+            _ACTOR_CLASSES[key] = ray.remote(concurrency_groups={"rows": 1})(_with_output(PSShard))
         else:
-            _ACTOR_CLASSES[key] = ray.remote(_with_output(PSShard if kind == "ps" else Worker))
+            _ACTOR_CLASSES[key] = ray.remote(_with_output(Worker))
     return _ACTOR_CLASSES[key]
 
 

@@ -25,5 +25,6 @@ See docs/user-loop.md.
 """
 
 from elasticps.loop.api import DataLoader, epochs, prepare, register, report, step
+from elasticps.loop.embedding import Embedding
 
-__all__ = ["DataLoader", "epochs", "prepare", "register", "report", "step"]
+__all__ = ["DataLoader", "Embedding", "epochs", "prepare", "register", "report", "step"]

@@ -1,0 +1,163 @@
+"""``elasticps.torch.Embedding``: an embedding table that the PS shards hold and no worker does.
+
+In one process (``python train.py``), in a describe run and in a
+``TrainingProgram`` it is ``torch.nn.Embedding``. In a job's worker it
+allocates nothing (its weight lives on torch's ``meta`` device); its forward
+reads the rows of the batch's distinct ids from the shards that hold them, at
+the step's parameters (:class:`RowClient`), and the prepared optimizer's
+``step()`` pushes the gradient of those rows with the dense gradient
+(:mod:`elasticps.loop.rows`). The shards update their whole range as one
+process updates the whole table (a zero gradient where no batch touched a
+row), so any optimizer a job runs exactly is exact here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from elasticps.errors import ProgramError
+from elasticps.loop import api
+from elasticps.loop.rows import DenseSlice, RowPush, Table, Tables
+
+
+class Embedding(torch.nn.Embedding):
+    """``torch.nn.Embedding(num_embeddings, embedding_dim, padding_idx)`` whose
+    table the PS shards hold in a job: a worker reads the rows its batch uses.
+    ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` are not supported (the
+    first changes rows in the forward, the second weighs a worker's share by
+    its own counts, the third is for one process's sparse optimizers)."""
+
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, **unsupported: Any
+    ) -> None:
+        if any(v not in (None, False) for v in unsupported.values()):
+            raise ProgramError(
+                f"elasticps.torch.Embedding does not take {sorted(unsupported)}: it takes num_embeddings, "
+                "embedding_dim and padding_idx (use torch.nn.Embedding for a table each worker holds)"
+            )
+        in_worker = getattr(api.current(), "tables_on_ps", False)
+        super().__init__(num_embeddings, embedding_dim, padding_idx, device="meta" if in_worker else None)
+        self.rows: RowClient | None = None  # set by a worker's prepare()
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.rows is None:
+            return super().forward(input)
+        return self.rows.lookup(self, input)
+
+
+def tables_of(model: torch.nn.Module) -> tuple[Tables | None, list[Embedding]]:
+    """The PS-held tables of ``model`` (where each one's weight lies in the flat
+    vector of its trainable parameters) and their modules; None if it has none."""
+    offsets, offset = {}, 0
+    for p in model.parameters():
+        if p.requires_grad:
+            offsets[id(p)] = offset
+            offset += p.numel()
+    modules = [m for m in model.modules() if isinstance(m, Embedding)]
+    frozen = [m for m in modules if id(m.weight) not in offsets]
+    if frozen:
+        raise ProgramError(
+            "an elasticps.torch.Embedding whose weight does not train: the PS holds only trained "
+            "parameters; use torch.nn.Embedding for a frozen table"
+        )
+    modules.sort(key=lambda m: offsets[id(m.weight)])
+    tables = tuple(Table(offsets[id(m.weight)], m.num_embeddings, m.embedding_dim) for m in modules)
+    return (Tables(tables) if tables else None), modules
+
+
+class RowClient:
+    """A worker's side of its PS-held tables: which shard holds what (from each
+    pull), the rows read for the current batch, and their gradients."""
+
+    def __init__(self, tables: Tables, modules: list[Embedding]) -> None:
+        self.tables = tables
+        self.index = {id(m): i for i, m in enumerate(modules)}
+        self.param_ids = {id(m.weight) for m in modules}
+        self.shards: list[tuple[Any, int, int]] = []  # (handle, lo, hi) of each shard
+        self.lookups: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (table, ids, rows read) of this batch
+        self.recording = False
+        self.lost: BaseException | None = None  # a shard that could not be read (a step that cannot stand)
+        for m in modules:
+            m.rows = self
+
+    def bind(self, parts: list[DenseSlice], bounds: list[tuple[int, int]]) -> tuple[list[Any], list[tuple[int, int]]]:
+        """A pull's dense parameters and their bounds in the worker's dense vector."""
+        self.shards = [(p.shard, lo, hi) for p, (lo, hi) in zip(parts, bounds, strict=True)]
+        return [p.params for p in parts], self.tables.dense_bounds(bounds)
+
+    def start_batch(self) -> None:
+        self.lookups, self.recording = [], True
+
+    def read(self, t: int, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` of table ``t``: one call to each shard that holds a part of them."""
+        import ray  # a worker's: Ray is running there
+
+        table = self.tables.tables[t]
+        out = np.zeros((len(ids), table.dim), np.float32)
+        calls = []
+        for shard, lo, hi in self.shards:
+            mine = table.touches(ids, lo, hi)
+            if mine.any():
+                calls.append((mine, shard.read_rows.remote(t, ids[mine])))
+        for mine, ref in calls:
+            try:
+                out[mine] += ray.get(ref)  # each element from the one shard that holds it, zeros from the others
+            except ray.exceptions.RayError as exc:  # a shard died: the step will not stand
+                self.lost = self.lost or exc
+        return out
+
+    def lookup(self, module: Embedding, input: torch.Tensor) -> torch.Tensor:
+        ids, inverse = torch.unique(input.reshape(-1), return_inverse=True)
+        if len(ids) and (int(ids[0]) < 0 or int(ids[-1]) >= module.num_embeddings):
+            raise IndexError(f"index out of range in an elasticps.torch.Embedding of {module.num_embeddings} rows")
+        t = self.index[id(module)]
+        weight = torch.from_numpy(self.read(t, ids.numpy()))
+        if self.recording and torch.is_grad_enabled():
+            weight.requires_grad_(True)
+            self.lookups.append((t, ids, weight))
+        pad = None
+        if module.padding_idx is not None:
+            hit = (ids == module.padding_idx).nonzero()
+            pad = int(hit[0, 0]) if len(hit) else None
+        return F.embedding(inverse.view(input.shape), weight, pad)
+
+    def take_grads(self, scale: float) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """This batch's ``(table, distinct row ids, gradient rows)`` times ``scale``
+        (the worker's share of the global batch, as its dense gradient)."""
+        per_table: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for t, ids, weight in self.lookups:
+            if weight.grad is not None:
+                per_table.setdefault(t, []).append((ids, weight.grad))
+        self.lookups, self.recording = [], False
+        out = []
+        for t, parts in sorted(per_table.items()):
+            ids, grads = parts[0]
+            if len(parts) > 1:  # the table was read more than once: one row per id
+                ids, where = torch.unique(torch.cat([i for i, _ in parts]), return_inverse=True)
+                grads = torch.zeros(len(ids), grads.shape[1]).index_add_(0, where, torch.cat([g for _, g in parts]))
+            if scale != 1.0:
+                grads = grads * scale
+            out.append((t, ids.numpy(), grads.numpy()))
+        return out
+
+    def pushes(
+        self, dense: list[Any], grads: list[tuple[int, np.ndarray, np.ndarray]], bounds: list[tuple[int, int]]
+    ) -> list[RowPush]:
+        """One push per shard: its dense slice and the gradient rows it holds a part of."""
+        out = []
+        for d, (lo, hi) in zip(dense, bounds, strict=True):
+            rows = []
+            for t, ids, g in grads:
+                mine = self.tables.tables[t].touches(ids, lo, hi)
+                if mine.any():
+                    rows.append((t, ids[mine], g[mine]))
+            out.append(RowPush(d, rows))
+        return out
+
+    def take_lost(self) -> BaseException | None:
+        lost, self.lost = self.lost, None
+        return lost

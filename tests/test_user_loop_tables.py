@@ -1,0 +1,119 @@
+"""Embedding tables the PS holds and no worker does (elasticps.torch.Embedding):
+the cut of the flat vector, rows read and gradients summed across shard
+boundaries, a loop through live rescales and faults against one process on a
+real Ray cluster, what a worker holds, and what is refused."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+import elasticps.torch as ept
+from elasticps import ProgramError, load_program
+from elasticps.loop.rows import RowPush, Table, Tables, read_rows, sum_pushes
+from elasticps.runtime import relative_error
+from elasticps.runtime.flat import shard_bounds
+from tests import loops
+from tests.helpers import kill_task, make_job, run_until_applied
+from tests.test_user_loop_faults import reference
+
+TOL = 1e-5
+
+
+def test_rows_and_dense_runs_across_shard_boundaries_give_back_the_flat_vector():
+    # dense 0-5, a 4x3 table at 5-17, dense 17-20, a 3x2 table at 20-26, dense 26-30
+    tables = Tables((Table(5, 4, 3), Table(20, 3, 2)))
+    flat = np.arange(30, dtype=np.float32) + 1
+    dense = np.concatenate([flat[0:5], flat[17:20], flat[26:30]])
+    for num_shards in (1, 2, 3, 4, 7):
+        bounds = shard_bounds(30, num_shards)  # cuts rows in the middle
+        # a shard's dense elements are the worker's range of the dense vector
+        for (lo, hi), (dlo, dhi) in zip(bounds, tables.dense_bounds(bounds), strict=True):
+            np.testing.assert_array_equal(tables.compact(flat[lo:hi], lo), dense[dlo:dhi])
+        for table in tables.tables:
+            ids = np.array([3, 0, 2] if table.rows == 4 else [2, 0])
+            got = sum(read_rows(flat[lo:hi], lo, table, ids) for lo, hi in bounds)
+            want = flat[table.lo : table.hi].reshape(table.rows, table.dim)[ids]
+            np.testing.assert_array_equal(got, want)
+        # two workers' pushes: dense gradients summed, each one's rows added where the shard holds them
+        pushes = [(np.full(12, 0.5, np.float32), [(0, np.array([1, 3]), np.ones((2, 3), np.float32))]),
+                  (np.full(12, 0.25, np.float32), [(0, np.array([3]), np.full((1, 3), 2.0, np.float32)),
+                                                    (1, np.array([2]), np.full((1, 2), 3.0, np.float32))])]  # fmt: skip
+        want = np.zeros(30, np.float32)
+        want[[*range(0, 5), *range(17, 20), *range(26, 30)]] = 0.75
+        want[8:11] += 1.0
+        want[14:17] += 1.0 + 2.0
+        want[24:26] += 3.0
+        got = np.concatenate(
+            [
+                sum_pushes(
+                    tables, [RowPush(d[dlo:dhi], r) for d, r in pushes], lambda a: a, lo, hi
+                )  # every worker sends every row here; a shard adds only what it holds
+                for (lo, hi), (dlo, dhi) in zip(bounds, tables.dense_bounds(bounds), strict=True)
+            ]
+        )
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adagrad"])
+def test_a_ps_held_table_through_live_rescales_matches_one_process(ray_local, optimizer):
+    kwargs = {"optimizer": optimizer}
+    job = make_job(1, 1, functools.partial(loops.tabled_bag, **kwargs))
+    table = job.program.tables.tables[0]
+    assert (table.lo, table.rows, table.dim) == (0, 3001, 7)
+    job.run(max_steps=3)
+    for shape, steps in zip([(2, 3), (3, 2), (1, 2)], [4, 5, None], strict=True):
+        run_until_applied(job, job.rescale(*shape))
+        if shape == (2, 3):  # a worker holds the dense layer (24 floats, and its gradient), not the table
+            held = ray.get([w.handle.held_bytes.remote() for w in job.workers])
+            assert held == [2 * 24 * 4] * 3 and table.nbytes == 3001 * 7 * 4
+        report = job.run(max_steps=steps)
+    assert report.state == "finished" and report.step == 24
+    assert [r.to_shape for r in report.rescales] == [(2, 3), (3, 2), (1, 2)]
+    params, want = reference(loops.tabled_bag, **kwargs)
+    assert relative_error(job.parameters(), params) < TOL
+    # the loop's evaluation (every bag through the table, outside a step) reads the rows too
+    assert [m.values["accuracy"] for m in report.metrics] == [r["metrics"]["accuracy"] for r in want]
+    job.shutdown()
+
+
+def test_a_ps_killed_mid_epoch_with_a_table_the_job_recovers_exactly(ray_local, tmp_path):
+    job = make_job(
+        2, 2, functools.partial(loops.tabled_bag, optimizer="adagrad"), checkpoint_dir=str(tmp_path),
+        checkpoint_every_steps=5, placement_timeout_s=240,
+    )  # fmt: skip
+    job.run(max_steps=7)
+    kill_task(job.ps[0].handle)  # the next step's forward reads rows from it
+    job.run(max_steps=2)
+    kill_task(job.workers[1].handle)
+    report = job.run()
+    assert any("restored from checkpoint at step 5" in e for e in report.events)
+    assert report.state == "finished" and report.step == 24
+    params, _ = reference(loops.tabled_bag, optimizer="adagrad")
+    assert relative_error(job.parameters(), params) < TOL
+    job.shutdown()
+
+
+def _frozen_table():
+    model = torch.nn.Sequential(ept.Embedding(10, 2), torch.nn.Flatten(), torch.nn.Linear(2, 1))
+    model[0].weight.requires_grad_(False)
+    ept.prepare(model, torch.optim.SGD(model[2].parameters(), lr=0.1))
+    ept.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 1).long()), batch_size=2)
+    for _ in ept.epochs(1):
+        pass
+
+
+def test_what_a_ps_held_table_cannot_do_is_refused_with_what_to_use():
+    with pytest.raises(ProgramError, match="does not take \\['max_norm'\\]"):
+        ept.Embedding(10, 2, max_norm=1.0)
+    with pytest.raises(ProgramError, match="does not take \\['sparse'\\]"):
+        ept.Embedding(10, 2, sparse=True)
+    with pytest.raises(ProgramError, match="use torch.nn.Embedding for a frozen table"):
+        load_program(_frozen_table)
+    table = ept.Embedding(10, 2, padding_idx=0)  # in one process: torch's embedding
+    assert isinstance(table, torch.nn.Embedding) and table.weight.device.type == "cpu"
+    assert torch.equal(table(torch.tensor([0, 3])), torch.nn.functional.embedding(torch.tensor([0, 3]), table.weight))
