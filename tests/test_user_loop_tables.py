@@ -6,6 +6,7 @@ real Ray cluster, what a worker holds, and what is refused."""
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 import pytest
@@ -117,3 +118,15 @@ def test_what_a_ps_held_table_cannot_do_is_refused_with_what_to_use():
     table = ept.Embedding(10, 2, padding_idx=0)  # in one process: torch's embedding
     assert isinstance(table, torch.nn.Embedding) and table.weight.device.type == "cpu"
     assert torch.equal(table(torch.tensor([0, 3])), torch.nn.functional.embedding(torch.tensor([0, 3]), table.weight))
+
+
+def test_peak_rss_reads_the_high_water_mark_of_a_commands_processes():
+    from elasticps.bench.peak_rss import watch
+
+    # a parent that holds 20 MB and a child that holds 120 MB (touched pages), each for longer than a read
+    child = "import time; b = bytearray(120 << 20); time.sleep(1)"
+    parent = f"import subprocess, sys, time; b = bytearray(20 << 20); subprocess.run([sys.executable, '-c', {child!r}])"
+    code, rows = watch([sys.executable, "-c", parent], every_s=0.1)
+    assert code == 0 and len(rows) == 2
+    big, small = rows
+    assert big["peak_rss_mib"] >= 120 > small["peak_rss_mib"] >= 20
