@@ -78,6 +78,7 @@ class RowClient:
         self.index = {id(m): i for i, m in enumerate(modules)}
         self.param_ids = {id(m.weight) for m in modules}
         self.shards: list[tuple[Any, int, int]] = []  # (handle, lo, hi) of each shard
+        self.read_bytes: list[int] = []  # per shard: the bytes of rows read since the pull
         self.lookups: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (table, ids, rows read) of this batch
         self.recording = False
         self.lost: BaseException | None = None  # a shard that could not be read (a step that cannot stand)
@@ -87,6 +88,7 @@ class RowClient:
     def bind(self, parts: list[DenseSlice], bounds: list[tuple[int, int]]) -> tuple[list[Any], list[tuple[int, int]]]:
         """A pull's dense parameters and their bounds in the worker's dense vector."""
         self.shards = [(p.shard, lo, hi) for p, (lo, hi) in zip(parts, bounds, strict=True)]
+        self.read_bytes = [0] * len(parts)
         return [p.params for p in parts], self.tables.dense_bounds(bounds)
 
     def start_batch(self) -> None:
@@ -99,15 +101,18 @@ class RowClient:
         table = self.tables.tables[t]
         out = np.zeros((len(ids), table.dim), np.float32)
         calls = []
-        for shard, lo, hi in self.shards:
+        for j, (shard, lo, hi) in enumerate(self.shards):
             mine = table.touches(ids, lo, hi)
             if mine.any():
-                calls.append((mine, shard.read_rows.remote(t, ids[mine])))
-        for mine, ref in calls:
+                calls.append((j, mine, shard.read_rows.remote(t, ids[mine])))
+        for j, mine, ref in calls:
             try:
-                out[mine] += ray.get(ref)  # each element from the one shard that holds it, zeros from the others
+                rows = ray.get(ref)
             except ray.exceptions.RayError as exc:  # a shard died: the step will not stand
                 self.lost = self.lost or exc
+                continue
+            out[mine] += rows  # each element from the one shard that holds it, zeros from the others
+            self.read_bytes[j] += 8 * int(mine.sum()) + rows.nbytes
         return out
 
     def lookup(self, module: Embedding, input: torch.Tensor) -> torch.Tensor:

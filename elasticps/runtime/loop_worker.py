@@ -188,6 +188,8 @@ class LoopWorker(WorkerBase):
             "sqnorm_local": float("nan"),
             **self._transfer_stats(parts, slices, prefetched),
         }
+        if rows is not None:  # the rows read come from the shards too
+            stats["pull_bytes"] = [a + b for a, b in zip(stats["pull_bytes"], rows.read_bytes, strict=True)]
         return (stats, *slices)
 
     def snapshot(
