@@ -61,6 +61,17 @@ def check_adaptive_range(base: int, top: int | None, lr_scaling: str) -> None:
         raise ProgramError(f"lr_scaling must be one of {sorted(LR_SCALING)}, got {lr_scaling!r}")
 
 
+def check_batch_fits(base: int, top: int | None, num_samples: int) -> None:
+    """A ProgramError if the adaptive batch may grow past the dataset: a global
+    batch holds one epoch at most, so a larger M would train on fewer samples
+    than it says, with the lr scaled for samples that are not there."""
+    if top is not None and top > max(base, num_samples):
+        raise ProgramError(
+            f"max_batch_size {top} is more than the dataset's {num_samples} samples: a global batch holds "
+            "one epoch at most (the lr rule would scale for samples that are not there)"
+        )
+
+
 def lr_factor(batch: int, base: int, lr_scaling: str) -> float:
     """What the learning rate is multiplied by at global batch ``batch``: (batch/base)^k."""
     return (batch / base) ** LR_SCALING[lr_scaling]
@@ -101,7 +112,8 @@ class TrainingProgram:
         lr: learning rate (at ``batch_size``, step 0).
         batch_size: the global batch size M, split across the workers; the
             initial one when ``max_batch_size`` is set.
-        max_batch_size: if set (> ``batch_size``, ``sync`` mode), the batch is
+        max_batch_size: if set (> ``batch_size``, at most the dataset's length;
+            ``sync`` mode), the batch is
             adaptive: the scheduler may raise M up to this at a step boundary,
             when the job's measured gradient noise scale says larger batches
             still make progress per sample (see :mod:`elasticps.sched.goodput`).

@@ -3,6 +3,8 @@ import torch
 
 from elasticps import ProgramError, TrainingProgram, load_program
 from elasticps.examples import digits
+from elasticps.manager.describe import describe_program
+from elasticps.runtime import JobConfig, JobController
 
 
 def _prog(**kw):
@@ -33,6 +35,16 @@ def _prog(**kw):
 def test_bad_programs_are_refused_with_the_field_named(kw, message):
     with pytest.raises(ProgramError, match=message):
         _prog(**kw)
+
+
+def test_a_max_batch_size_over_the_dataset_is_refused_at_submit_and_at_start():
+    # 1347 training samples: a global batch of 2048 would train on 1347 with the lr scaled for 2048
+    message = r"max_batch_size 2048 is more than the dataset's 1347 samples"
+    with pytest.raises(ProgramError, match=message):
+        describe_program("elasticps.examples.digits:program", {"max_batch_size": 2048})
+    with pytest.raises(ProgramError, match=message):
+        JobController(digits.program(max_batch_size=2048), JobConfig(), 1, 1).start()
+    assert describe_program("elasticps.examples.digits:program", {"max_batch_size": 1347})["max_batch_size"] == 1347
 
 
 def test_bad_optimizer_kwargs_name_the_optimizer():

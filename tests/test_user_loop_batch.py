@@ -161,6 +161,8 @@ def test_a_batch_out_of_the_loaders_range_is_refused():
         ({"max_batch_size": 32}, r"max_batch_size must be an int >= batch_size \(64\), got 32"),
         ({"max_batch_size": 100.5}, "max_batch_size must be an int"),
         ({"max_batch_size": 128, "lr_scaling": "cubic"}, "lr_scaling must be one of"),
+        # a global batch holds one epoch at most: the lr rule would scale for samples that are not there
+        ({"max_batch_size": 2048}, r"max_batch_size 2048 is more than the dataset's 1347 samples"),
     ):
         with api.active(LocalSession()), pytest.raises(ProgramError, match=match):
             loops.scheduled_mlp(**bad)

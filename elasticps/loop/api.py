@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from elasticps.errors import ProgramError
-from elasticps.program import check_adaptive_range
+from elasticps.program import check_adaptive_range, check_batch_fits
 
 
 class Session(Protocol):
@@ -92,9 +92,9 @@ class DataLoader:
     DataLoader does (``default_collate``; a TensorDataset is indexed at once).
 
     ``max_batch_size``: the global batch is adaptive, from ``batch_size`` up to
-    it: in a job the scheduler (or ``JobController.set_batch_size``) may change
-    it at a step boundary, and the loader then yields this worker's share of
-    the new global batch. ``lr_scaling`` (one of ``sqrt``, ``linear``,
+    it (at most the dataset's length, one epoch): in a job the scheduler (or
+    ``JobController.set_batch_size``) may change it at a step boundary, and the
+    loader then yields this worker's share of the new global batch. ``lr_scaling`` (one of ``sqrt``, ``linear``,
     ``none``): at global batch M the PS shards apply every lr of the prepared
     optimizer, as the loop's scheduler has it, times (M / batch_size) ** k
     (k = 0.5, 1, 0); the optimizer's own lr is left as the loop set it. Run in
@@ -127,6 +127,7 @@ class DataLoader:
         if len(dataset) == 0:
             raise ProgramError("the DataLoader's dataset is empty")
         check_adaptive_range(batch_size, max_batch_size, lr_scaling)
+        check_batch_fits(batch_size, max_batch_size, len(dataset))
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)

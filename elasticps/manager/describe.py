@@ -17,7 +17,7 @@ import torch
 
 from elasticps.errors import ProgramError
 from elasticps.manager.wire import plain
-from elasticps.program import TrainingProgram, load_program
+from elasticps.program import TrainingProgram, check_batch_fits, load_program
 from elasticps.runtime.data import fetch_batch, forward
 
 
@@ -31,6 +31,7 @@ def describe_program(program: str, args: dict[str, Any]) -> dict[str, Any]:
     )
     dataset = p.build_dataset()
     info["samples_per_epoch"] = len(dataset)
+    check_batch_fits(p.batch_size, p.max_batch_size, len(dataset))
     if not isinstance(p, TrainingProgram):  # a user's own loop: its describe run reached its first batch
         return info
     try:

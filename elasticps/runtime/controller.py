@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from elasticps.errors import ConfigError, JobEndedError, JobFailedError
-from elasticps.program import TrainingProgram, load_program
+from elasticps.program import TrainingProgram, check_batch_fits, load_program
 from elasticps.runtime import steps, tasks, user_loop
 from elasticps.runtime.checkpoint import Checkpoint, Layout
 from elasticps.runtime.config import JobConfig
@@ -247,6 +247,7 @@ class JobController:
             return
         p = self._progress
         dataset = self.program.build_dataset()
+        check_batch_fits(self.program.batch_size, self.program.max_batch_size, len(dataset))
         p.batches = GlobalBatches(
             self.program.seed, len(dataset), self.program.batch_size, getattr(self.program, "shuffle", True)
         )
