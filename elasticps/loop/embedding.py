@@ -32,15 +32,25 @@ class Embedding(torch.nn.Embedding):
     its own counts, the third is for one process's sparse optimizers)."""
 
     def __init__(
-        self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, **unsupported: Any
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+        sparse: bool = False,
     ) -> None:
-        if any(v not in (None, False) for v in unsupported.values()):
+        given = {"max_norm": max_norm, "scale_grad_by_freq": scale_grad_by_freq, "sparse": sparse}
+        unsupported = sorted(k for k, v in given.items() if v not in (None, False))
+        if unsupported:
             raise ProgramError(
-                f"elasticps.torch.Embedding does not take {sorted(unsupported)}: it takes num_embeddings, "
+                f"elasticps.torch.Embedding does not take {unsupported}: it takes num_embeddings, "
                 "embedding_dim and padding_idx (use torch.nn.Embedding for a table each worker holds)"
             )
         in_worker = getattr(api.current(), "tables_on_ps", False)
-        super().__init__(num_embeddings, embedding_dim, padding_idx, device="meta" if in_worker else None)
+        device = "meta" if in_worker else None
+        super().__init__(num_embeddings, embedding_dim, padding_idx, norm_type=norm_type, device=device)
         self.rows: RowClient | None = None  # set by a worker's prepare()
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:

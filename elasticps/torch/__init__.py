@@ -21,6 +21,8 @@
 Run alone (``python -c 'import mypkg.train as t; t.main()'``) it is plain
 single-process training; ``elasticps train mypkg.train:main`` or a manager job
 (``program: mypkg.train:main``) runs it in every worker of an elastic job.
+A model's large embedding tables can stay on the PS: ``ept.Embedding`` for
+``nn.Embedding``, and a worker reads and pushes only the rows its batch uses.
 See docs/user-loop.md.
 """
 
