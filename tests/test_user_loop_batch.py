@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import types
 
 import numpy as np
@@ -18,6 +19,7 @@ from elasticps import ProgramError, load_program
 from elasticps.examples.digits import train_set
 from elasticps.loop import api
 from elasticps.loop.local import LocalSession
+from elasticps.loop.worker_session import WorkerSession
 from elasticps.manager.describe import describe_program
 from elasticps.manager.job_views import batch_sizes
 from elasticps.manager.runtime import ProgramInfo
@@ -166,6 +168,21 @@ def test_a_batch_out_of_the_loaders_range_is_refused():
     ):
         with api.active(LocalSession()), pytest.raises(ProgramError, match=match):
             loops.scheduled_mlp(**bad)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "differs"),
+    [
+        ({"max_batch_size": 256}, "max_batch_size 256 here, 128 in the describe run"),
+        ({"max_batch_size": 128, "lr_scaling": "linear"}, "lr_scaling 'linear' here, 'sqrt' in the describe run"),
+        ({"max_batch_size": None}, "max_batch_size None here, 128 in the describe run"),
+    ],
+)
+def test_a_worker_whose_loader_differs_from_the_describe_runs_is_told_what_differs(kwargs, differs):
+    # the same function built another DataLoader in a worker (e.g. one read from the environment)
+    session = WorkerSession(load_program(functools.partial(loops.scheduled_mlp, max_batch_size=128)), lambda n: None)
+    with api.active(session), pytest.raises(ProgramError, match=re.escape(differs)):
+        api.DataLoader(train_set(), batch_size=64, **kwargs)
 
 
 def test_the_managers_describe_step_sees_an_adaptive_loop():

@@ -159,15 +159,21 @@ class WorkerSession:
                 "a second elasticps.torch.DataLoader: it is the training set; evaluate with torch.utils.data.DataLoader"
             )
         p = self.program
-        if (len(loader.dataset), loader.batch_size, loader.max_batch_size, loader.lr_scaling) != (
-            p.num_samples,
-            p.batch_size,
-            p.max_batch_size,
-            p.lr_scaling,
-        ):
+        fields = {
+            "dataset length": (len(loader.dataset), p.num_samples),
+            "batch_size": (loader.batch_size, p.batch_size),
+            "max_batch_size": (loader.max_batch_size, p.max_batch_size),
+            "lr_scaling": (loader.lr_scaling, p.lr_scaling),
+        }
+        differs = [
+            f"{name} {here!r} here, {there!r} in the describe run"
+            for name, (here, there) in fields.items()
+            if here != there
+        ]
+        if differs:
             raise ProgramError(
-                "this worker's DataLoader differs from the describe run's (dataset length, batch, "
-                "max_batch_size or lr_scaling)"
+                f"this worker's DataLoader differs from the describe run's: {'; '.join(differs)} "
+                "(the function must build the same DataLoader in every process)"
             )
         self.loader = loader
 
