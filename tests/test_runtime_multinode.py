@@ -97,3 +97,24 @@ def test_on_a_full_cluster_a_rescale_releases_first_and_a_renaming_shrink_starts
     ref = train_single_process(program, max_steps=job.step)
     assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()
+
+
+def test_a_ps_held_table_across_nodes_stays_exact(ray_cluster):
+    """Each worker beside one shard, reading rows from and pushing rows to the
+    other across nodes (nodes 1 and 2: node 3 may be gone, a test above removes it)."""
+    import functools
+
+    from tests import loops
+    from tests.test_user_loop_faults import reference
+
+    _cluster, (n1, n2, _n3) = ray_cluster
+    pins = {"ps-0": n1.node_id, "ps-1": n2.node_id, "worker-0": n2.node_id, "worker-1": n1.node_id}
+    program = functools.partial(loops.tabled_bag, epochs=1)
+    job = make_job(1, 1, program)
+    job = type(job)(job.program, job.config, 2, 2, placement=pins)
+    report = job.run()
+    assert job.placement() == pins and report.state == "finished" and report.step == 12
+    assert report.cross_node_bytes > 0
+    params, _ = reference(loops.tabled_bag, epochs=1)
+    assert relative_error(job.parameters(), params) < TOL
+    job.shutdown()
