@@ -120,6 +120,10 @@ def test_a_job_started_again_on_its_checkpoints_resumes_at_the_batch_it_had(ray_
     assert report.state == "finished" and report.step == session.batches == 13 and report.batch_size == 128
     assert relative_error(again.parameters(), want) < TOL
     again.shutdown()
+    # the loop's DataLoader lost its max_batch_size: the job cannot resume at 128, and says why
+    fixed = load_program(functools.partial(loops.scheduled_mlp, epochs=1))
+    with pytest.raises(ProgramError, match=r"checkpoint at step \d+ was taken at global batch 128, .* batch 64"):
+        JobController(fixed, make_config(checkpoint_dir=str(tmp_path)), 1, 1).start()
 
 
 def _sqnorm(model: torch.nn.Module, idx: np.ndarray) -> float:

@@ -265,7 +265,7 @@ class JobController:
             if self._loop:
                 self._loop.resume(ckpt.user_state, ckpt.step, [])
             if ckpt.batch_size is not None and not self._requests.batch_asked():
-                p.batch_size = self.program.check_batch(ckpt.batch_size)
+                p.batch_size = self._checkpoints.batch_of(ckpt, self.program)
             self._event(f"resumed from checkpoint at step {ckpt.step} (epoch {ckpt.position.epoch})")
         else:
             state = ShardState(flat_params(model))

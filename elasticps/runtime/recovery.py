@@ -56,7 +56,7 @@ from typing import Any, Literal, TypeVar
 
 import ray
 
-from elasticps.errors import ConfigError, JobFailedError, PlacementError, UserCodeError
+from elasticps.errors import ConfigError, JobFailedError, PlacementError, ProgramError, UserCodeError
 from elasticps.runtime import tasks
 from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore, Layout, layout_mismatch
 from elasticps.runtime.config import JobConfig
@@ -147,6 +147,18 @@ class Checkpoints:
         why = layout_mismatch(ckpt, layout)
         if why:  # the program's code changed since the checkpoint was written
             raise UserCodeError(f"checkpoint {ckpt.file} does not match the model: {why}")
+
+    def batch_of(self, ckpt: Checkpoint, program: Any) -> int:
+        """The global batch ``ckpt`` was taken at, if ``program`` still allows it."""
+        assert ckpt.batch_size is not None
+        try:
+            return program.check_batch(ckpt.batch_size)
+        except ProgramError as exc:
+            raise ProgramError(
+                f"the checkpoint at step {ckpt.step} was taken at global batch {ckpt.batch_size}, which the "
+                f"program no longer allows (its batch {program.batch_size}, max_batch_size "
+                f"{program.max_batch_size}): {exc}"
+            ) from exc
 
 
 class Recovery:
