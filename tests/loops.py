@@ -98,7 +98,7 @@ def tabled_bag(epochs: int = 2, batch_size: int = 64, samples: int = 768, vocab:
         def forward(self, x):
             return self.out(self.table(x).mean(1) + self.table(x[:, 0]))
 
-    model = Bag()
+    model = Bag().to("cpu")  # as a script that picks its device does
     cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad}[optimizer]
     opt = cls(model.parameters(), lr=0.01)
     model, opt = ept.prepare(model, opt)

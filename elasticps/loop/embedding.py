@@ -53,6 +53,12 @@ class Embedding(torch.nn.Embedding):
         super().__init__(num_embeddings, embedding_dim, padding_idx, norm_type=norm_type, device=device)
         self.rows: RowClient | None = None  # set by a worker's prepare()
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Embedding:
+        """``model.to(device)`` and the like leave a worker's table alone: it is on the PS."""
+        if self.weight.device.type == "meta":
+            return self
+        return super()._apply(fn, recurse)
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.rows is None:
             return super().forward(input)
