@@ -48,15 +48,19 @@ def best_batch_of(job: JobView, p: int, w: int, objective: Objective) -> tuple[i
     """The global batch the objective prefers for ``job`` at (p, w) (None: the
     batch is fixed), and the utility there. ``speed`` takes the batch with the
     most samples/s; ``goodput`` and ``efficiency`` the most samples/s x E(M)
-    (ties: the smaller batch)."""
+    (ties: the smaller batch). Under ``goodput`` and ``efficiency``, a job whose
+    noise scale is not measured yet (a user's loop on one worker never measures
+    one) stays at its smallest batch, the user's: what a larger batch costs in
+    samples is unknown, and taking the fastest would take the largest."""
     if not job.batch_sizes or job.speed_at is None:
         speed = max(0.0, float(job.speed(p, w)))
         return None, speed if objective is Objective.SPEED else speed * job.efficiency
     speed_at = job.speed_at
     noise = None if objective is Objective.SPEED else job.noise_scale  # speed: every batch counts as efficient
-    batch, value = best_batch(
-        lambda m: max(0.0, float(speed_at(p, w, int(m)))), noise, job.batch_sizes[0], list(job.batch_sizes)
-    )
+    candidates = list(job.batch_sizes)
+    if objective is not Objective.SPEED and noise is None:
+        candidates = candidates[:1]
+    batch, value = best_batch(lambda m: max(0.0, float(speed_at(p, w, int(m)))), noise, job.batch_sizes[0], candidates)
     return int(batch), value
 
 
