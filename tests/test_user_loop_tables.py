@@ -60,9 +60,10 @@ def test_rows_and_dense_runs_across_shard_boundaries_give_back_the_flat_vector()
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "adagrad"])
-def test_a_ps_held_table_through_live_rescales_matches_one_process(ray_local, optimizer):
-    kwargs = {"optimizer": optimizer}
+def test_a_ps_held_table_through_live_rescales_matches_one_process(ray_local):
+    # AdamW moves rows no batch touched (its moments, its weight decay): the shards update their whole
+    # range as one process does. Adagrad through rescales: the recommendation example's test
+    kwargs = {"optimizer": "adamw"}
     job = make_job(1, 1, functools.partial(loops.tabled_bag, **kwargs))
     table = job.program.tables.tables[0]
     assert (table.lo, table.rows, table.dim) == (0, 3001, 7)
