@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+from torch.nn import Embedding
+
 from elasticps.examples import digits_loop
 
 
@@ -73,13 +76,34 @@ def scheduled_mlp(
     return model
 
 
-def tabled_bag(epochs: int = 2, batch_size: int = 64, samples: int = 768, vocab: int = 3001, optimizer: str = "adamw"):
+class Bag(torch.nn.Module):
+    """A mean-pooled bag of tokens plus a per-bag id, into a linear layer. Its table
+    is torch's ``Embedding`` by the name bound when this module was imported."""
+
+    def __init__(self, vocab: int, table: type = Embedding):
+        super().__init__()
+        self.table = table(vocab, 7, padding_idx=0)
+        self.out = torch.nn.Linear(7, 3)
+
+    def forward(self, x):
+        return self.out(self.table(x).mean(1) + self.table(x[:, 0]))
+
+
+def tabled_bag(
+    epochs: int = 2,
+    batch_size: int = 64,
+    samples: int = 768,
+    vocab: int = 3001,
+    optimizer: str = "adamw",
+    tables: str = "module",
+):
     """Bags of token ids (0 pads) through a PS-held table read twice per batch
     (the tokens and a per-bag id), mean-pooled into a linear layer, with
     global-norm clipping: a dense layer beside the table, a row that a shard
-    boundary cuts (vocab * 7 elements over 2-3 shards), a padding row."""
-    import torch
-
+    boundary cuts (vocab * 7 elements over 2-3 shards), a padding row.
+    ``tables``: the PS holds the table as ``ept.Embedding`` in the class
+    (``module``) or through ``ept.tables_on_ps(Bag, vocab)`` (``call``);
+    ``none``: the plain loop, torch's table."""
     import elasticps.torch as ept
 
     torch.manual_seed(0)
@@ -88,17 +112,12 @@ def tabled_bag(epochs: int = 2, batch_size: int = 64, samples: int = 768, vocab:
     tokens[:, 4:] *= (torch.rand(samples, 1, generator=g) < 0.5).long()  # some bags padded with 0
     labels = (tokens % 3 == 0).sum(1).clamp(max=2)
     loader = ept.DataLoader(torch.utils.data.TensorDataset(tokens, labels), batch_size=batch_size, shuffle=True)
-
-    class Bag(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.table = ept.Embedding(vocab, 7, padding_idx=0)
-            self.out = torch.nn.Linear(7, 3)
-
-        def forward(self, x):
-            return self.out(self.table(x).mean(1) + self.table(x[:, 0]))
-
-    model = Bag().to("cpu")  # as a script that picks its device does
+    build = {
+        "module": lambda: Bag(vocab, ept.Embedding),
+        "call": lambda: ept.tables_on_ps(Bag, vocab),
+        "none": lambda: Bag(vocab),
+    }[tables]
+    model = build().to("cpu")  # as a script that picks its device does
     cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad}[optimizer]
     opt = cls(model.parameters(), lr=0.01)
     model, opt = ept.prepare(model, opt)

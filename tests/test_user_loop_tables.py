@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 import elasticps.torch as ept
 from elasticps import ProgramError, load_program
+from elasticps.loop import api
 from elasticps.loop.rows import RowPush, Table, Tables, read_rows, sum_pushes
 from elasticps.runtime import relative_error
 from elasticps.runtime.flat import shard_bounds
@@ -62,9 +64,10 @@ def test_rows_and_dense_runs_across_shard_boundaries_give_back_the_flat_vector()
 
 def test_a_ps_held_table_through_live_rescales_matches_one_process(ray_local):
     # AdamW moves rows no batch touched (its moments, its weight decay): the shards update their whole
-    # range as one process does. Adagrad through rescales: the recommendation example's test
+    # range as one process does. Adagrad through rescales: the recommendation example's test. The model
+    # class is the user's, unedited (torch's Embedding, by a name bound at import): ept.tables_on_ps builds it
     kwargs = {"optimizer": "adamw"}
-    job = make_job(1, 1, functools.partial(loops.tabled_bag, **kwargs))
+    job = make_job(1, 1, functools.partial(loops.tabled_bag, tables="call", **kwargs))
     table = job.program.tables.tables[0]
     assert (table.lo, table.rows, table.dim) == (0, 3001, 7)
     job.run(max_steps=3)
@@ -80,7 +83,7 @@ def test_a_ps_held_table_through_live_rescales_matches_one_process(ray_local):
     # 3 + 5 * 3 + 6 * 2 + 10 * 2 worker steps: under a quarter of the table a step (665 kB measured, 0.16
     # of it), where pulling every shard's slice and pushing a dense gradient moved the table twice
     assert sum(report.bytes_between_nodes.values()) < 50 * table.nbytes / 4
-    params, want = reference(loops.tabled_bag, **kwargs)
+    params, want = reference(loops.tabled_bag, tables="none", **kwargs)  # the loop before it was ported
     assert relative_error(job.parameters(), params) < TOL
     # the loop's evaluation (every bag through the table, outside a step) reads the rows too
     assert [m.values["accuracy"] for m in report.metrics] == [r["metrics"]["accuracy"] for r in want]
@@ -123,6 +126,81 @@ def test_what_a_ps_held_table_cannot_do_is_refused_with_what_to_use():
     table = ept.Embedding(10, 2, padding_idx=0)  # in one process: torch's embedding
     assert isinstance(table, torch.nn.Embedding) and table.weight.device.type == "cpu"
     assert torch.equal(table(torch.tensor([0, 3])), torch.nn.functional.embedding(torch.tensor([0, 3]), table.weight))
+
+
+class InWorker:
+    tables_on_ps = True  # what a job's worker session says: an elasticps table allocates nothing
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(50, 4)
+        self.out = torch.nn.Linear(4, 50, bias=False)
+        self.out.weight = self.table.weight  # the output layer is the table
+
+
+def _tied_loop(build):
+    model = build()
+    ept.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    ept.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 1).long()), batch_size=2)
+    for _ in ept.epochs(1):
+        pass
+
+
+def test_tables_on_ps_builds_an_unedited_model_with_its_tables_on_the_ps():
+    init = torch.nn.Embedding.__init__
+    # in one process: the same model, the same initial values, its tables marked as the PS's
+    torch.manual_seed(0)
+    plain = loops.Bag(3001)
+    torch.manual_seed(0)
+    built = ept.tables_on_ps(loops.Bag, 3001)
+    assert isinstance(built.table, ept.Embedding) and torch.equal(built.table.weight, plain.table.weight)
+    assert torch.nn.Embedding.__init__ is init and type(torch.nn.Embedding(3, 2)) is torch.nn.Embedding
+
+    class Three(torch.nn.Module):  # every name of torch's class; the 5-row table under min_rows stays
+        def __init__(self, rows):
+            super().__init__()
+            self.a, self.b = torch.nn.Embedding(rows, 4), loops.Embedding(rows, 4)
+            self.small = torch.nn.modules.sparse.Embedding(5, 4, sparse=True)
+
+    with api.active(InWorker()):
+        model = ept.tables_on_ps(Three, 10**9, min_rows=6)  # 16 GB of tables
+    assert [type(m) for m in (model.a, model.b, model.small)] == [ept.Embedding, ept.Embedding, torch.nn.Embedding]
+    assert model.a.weight.device.type == model.b.weight.device.type == "meta"
+    assert model.small.weight.device.type == "cpu"
+    with pytest.raises(ProgramError, match="min_rows=6 to leave it"):
+        ept.tables_on_ps(Three, 10)
+    with pytest.raises(ProgramError, match="built no torch.nn.Embedding of at least 11 rows"):
+        ept.tables_on_ps(Three, 10, min_rows=11)
+    assert torch.nn.Embedding.__init__ is init
+
+
+def test_tables_on_ps_puts_torch_back_after_a_raising_constructor_and_leaves_other_threads_alone():
+    init = torch.nn.Embedding.__init__
+    others = []
+
+    def build():
+        table = torch.nn.Embedding(10, 2)
+        thread = threading.Thread(target=lambda: others.append(torch.nn.Embedding(10, 2)))
+        thread.start()
+        thread.join()
+        assert torch.nn.Embedding.__init__ is not init  # the call is on
+        raise ValueError(f"the user's constructor fails after a {type(table).__name__}")
+
+    with pytest.raises(ValueError, match="after a Embedding"):
+        ept.tables_on_ps(build)
+    assert torch.nn.Embedding.__init__ is init
+    assert [type(t) for t in others] == [torch.nn.Embedding]
+
+
+def test_a_table_the_ps_holds_with_tied_weights_is_refused_at_prepare():
+    with pytest.raises(ProgramError, match="is also out.weight \\(tied weights\\)"):
+        load_program(functools.partial(_tied_loop, lambda: ept.tables_on_ps(Tied)))
+    with pytest.raises(ProgramError, match="is also out.weight"):  # in one process too: as a job would be
+        _tied_loop(lambda: ept.tables_on_ps(Tied))
+    model = Tied()  # a table each worker holds may be tied
+    ept.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def test_peak_rss_reads_the_high_water_mark_of_a_commands_processes():

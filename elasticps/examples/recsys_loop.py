@@ -1,9 +1,10 @@
 """A recommendation-style loop as a user brings it: a user and an item
 embedding table (a row is ``dim`` factors and a bias; a dot product plus the
 biases gives click-through logits), Adagrad, a test pass after every epoch;
-the seven lines marked ``# elasticps`` are all that changed (docs/user-loop.md
-shows the diff): five calls, and the two tables marked as the PS's
-(``ept.Embedding`` for ``nn.Embedding``).
+the six lines marked ``# elasticps`` are all that changed (docs/user-loop.md
+shows the diff): the import, four calls, and the model built by
+``ept.tables_on_ps`` (the PS holds its ``nn.Embedding`` tables; the class is
+unchanged).
 
 The data are generated clicks: users and items have hidden factors, items are
 drawn by a power law (a few popular, a long tail), so a batch touches few rows
@@ -44,8 +45,8 @@ class Recommender(nn.Module):
     def __init__(self, users: int, items: int, dim: int) -> None:
         super().__init__()
         self.dim = dim
-        self.user = ept.Embedding(users, dim + 1)  # elasticps: the PS holds the table
-        self.item = ept.Embedding(items, dim + 1)  # elasticps: the PS holds the table
+        self.user = nn.Embedding(users, dim + 1)
+        self.item = nn.Embedding(items, dim + 1)
         for table in (self.user, self.item):
             nn.init.normal_(table.weight[:, :dim], std=0.1)
             nn.init.zeros_(table.weight[:, dim])
@@ -68,7 +69,7 @@ def main(epochs=3, batch_size=512, samples=200_000, users=50_000, items=200_000,
     torch.manual_seed(seed)
     train_set, test_set = clicks(samples, users, items, seed), clicks(samples // 10, users, items, seed + 1)
     loader = ept.DataLoader(train_set, batch_size=batch_size, shuffle=True)  # elasticps
-    model = Recommender(users, items, dim)
+    model = ept.tables_on_ps(Recommender, users, items, dim)  # elasticps: the PS holds its tables
     optimizer = torch.optim.Adagrad(model.parameters(), lr=lr)
     model, optimizer = ept.prepare(model, optimizer)  # elasticps
     for epoch in ept.epochs(epochs):  # elasticps

@@ -5,5 +5,6 @@
 - :mod:`elasticps.loop.worker_session`: the session inside a job's worker;
 - :mod:`elasticps.loop.program`: :class:`LoopProgram`, what the runtime knows of a loop;
 - :mod:`elasticps.loop.embedding` and :mod:`elasticps.loop.rows`: embedding tables the PS
-  holds and no worker does (a worker pulls and pushes the rows its batch uses).
+  holds and no worker does (a worker pulls and pushes the rows its batch uses);
+  :mod:`elasticps.loop.tables_on_ps`: a model's own ``nn.Embedding`` tables made so.
 """

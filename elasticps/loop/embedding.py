@@ -40,17 +40,29 @@ class Embedding(torch.nn.Embedding):
         norm_type: float = 2.0,
         scale_grad_by_freq: bool = False,
         sparse: bool = False,
+        _weight: torch.Tensor | None = None,
+        _freeze: bool = False,
+        device: Any = None,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        given = {"max_norm": max_norm, "scale_grad_by_freq": scale_grad_by_freq, "sparse": sparse}
-        unsupported = sorted(k for k, v in given.items() if v not in (None, False))
+        unsupported = refused_options(max_norm=max_norm, scale_grad_by_freq=scale_grad_by_freq, sparse=sparse)
         if unsupported:
             raise ProgramError(
                 f"elasticps.torch.Embedding does not take {unsupported}: it takes num_embeddings, "
                 "embedding_dim and padding_idx (use torch.nn.Embedding for a table each worker holds)"
             )
-        in_worker = getattr(api.current(), "tables_on_ps", False)
-        device = "meta" if in_worker else None
-        super().__init__(num_embeddings, embedding_dim, padding_idx, norm_type=norm_type, device=device)
+        if getattr(api.current(), "tables_on_ps", False):  # a worker: the values are the PS's
+            _weight, device = None, "meta"
+        super().__init__(
+            num_embeddings,
+            embedding_dim,
+            padding_idx,
+            norm_type=norm_type,
+            _weight=_weight,
+            _freeze=_freeze,
+            device=device,
+            dtype=dtype,
+        )
         self.rows: RowClient | None = None  # set by a worker's prepare()
 
     def _apply(self, fn: Any, recurse: bool = True) -> Embedding:
@@ -65,9 +77,16 @@ class Embedding(torch.nn.Embedding):
         return self.rows.lookup(self, input)
 
 
+def refused_options(**given: Any) -> list[str]:
+    """Which of torch's ``max_norm``, ``scale_grad_by_freq`` and ``sparse`` are set:
+    a table the PS holds takes none of them (see :class:`Embedding`)."""
+    return sorted(k for k in ("max_norm", "scale_grad_by_freq", "sparse") if given.get(k) not in (None, False))
+
+
 def tables_of(model: torch.nn.Module) -> tuple[Tables | None, list[Embedding]]:
     """The PS-held tables of ``model`` (where each one's weight lies in the flat
-    vector of its trainable parameters) and their modules; None if it has none."""
+    vector of its trainable parameters) and their modules; None if it has none.
+    A table that does not train, or whose weight another module shares, is refused."""
     offsets, offset = {}, 0
     for p in model.parameters():
         if p.requires_grad:
@@ -80,6 +99,16 @@ def tables_of(model: torch.nn.Module) -> tuple[Tables | None, list[Embedding]]:
             "an elasticps.torch.Embedding whose weight does not train: the PS holds only trained "
             "parameters; use torch.nn.Embedding for a frozen table"
         )
+    weights = {id(m.weight): m for m in modules}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in weights and module is not weights[id(p)]:
+                also = f"{name}.{pname}" if name else pname
+                raise ProgramError(
+                    f"the weight of a table the PS holds is also {also} (tied weights): a worker has no "
+                    "copy of the table for another layer to use; untie them, or keep the table with the workers "
+                    "(torch.nn.Embedding)"
+                )
     modules.sort(key=lambda m: offsets[id(m.weight)])
     tables = tuple(Table(offsets[id(m.weight)], m.num_embeddings, m.embedding_dim) for m in modules)
     return (Tables(tables) if tables else None), modules

@@ -20,6 +20,7 @@ from elasticps.errors import ProgramError
 from elasticps.loop.api import DataLoader, active
 from elasticps.loop.embedding import tables_of
 from elasticps.loop.program import LoopProgram, OptimizerLayout
+from elasticps.loop.rows import Tables
 from elasticps.runtime.data import DataPosition, GlobalBatches
 
 log = logging.getLogger("elasticps.torch")
@@ -42,6 +43,7 @@ class LocalSession:
 
     def prepare(self, model: Any, opt: Any, inexact: bool) -> tuple[Any, Any]:
         check_prepare_args(model, opt)
+        tables_of(model)  # what a job would refuse, refused here too
         return model, opt
 
     def add_loader(self, loader: DataLoader) -> None:
@@ -90,6 +92,7 @@ class DescribeSession:
         self.loader: DataLoader | None = None
         self.num_epochs: int | None = None
         self.registered: tuple[str, ...] = ()
+        self.tables: Tables | None = None
         self.used = False
 
     def prepare(self, model: Any, opt: Any, inexact: bool) -> tuple[Any, Any]:
@@ -98,6 +101,7 @@ class DescribeSession:
         if self.model is not None:
             raise ProgramError("prepare() was called twice: a job trains one model with one optimizer")
         self.layout = OptimizerLayout.of(model, opt, inexact)
+        self.tables = tables_of(model)[0]
         self.model = model
         return model, opt
 
@@ -151,7 +155,7 @@ class DescribeSession:
             seed=self.loader.seed,
             layout=self.layout,
             registered=self.registered,
-            tables=tables_of(self.model)[0],
+            tables=self.tables,
             model=self.model,
             max_batch_size=self.loader.max_batch_size,
             lr_scaling=self.loader.lr_scaling,

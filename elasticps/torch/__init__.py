@@ -21,12 +21,15 @@
 Run alone (``python -c 'import mypkg.train as t; t.main()'``) it is plain
 single-process training; ``elasticps train mypkg.train:main`` or a manager job
 (``program: mypkg.train:main``) runs it in every worker of an elastic job.
-A model's large embedding tables can stay on the PS: ``ept.Embedding`` for
-``nn.Embedding``, and a worker reads and pushes only the rows its batch uses.
+A model's large embedding tables can stay on the PS, and a worker reads and
+pushes only the rows its batch uses: build the model as
+``ept.tables_on_ps(Net, *args)`` for ``Net(*args)`` (every ``nn.Embedding``
+it builds), or write ``ept.Embedding`` for ``nn.Embedding`` in its class.
 See docs/user-loop.md.
 """
 
 from elasticps.loop.api import DataLoader, epochs, prepare, register, report, step
 from elasticps.loop.embedding import Embedding
+from elasticps.loop.tables_on_ps import tables_on_ps
 
-__all__ = ["DataLoader", "Embedding", "epochs", "prepare", "register", "report", "step"]
+__all__ = ["DataLoader", "Embedding", "epochs", "prepare", "register", "report", "step", "tables_on_ps"]
