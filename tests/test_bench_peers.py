@@ -82,22 +82,35 @@ def test_every_system_trains_the_same_job_and_the_json_has_the_published_layout(
     assert set(out["throughput"]) == {"embedding"}
     for name, per_w in out["throughput"].items():
         assert set(per_w) == {"2"}
-        assert set(per_w["2"]) == {"elasticps", "ddp_gloo", "plain_ps"}
+        assert set(per_w["2"]) == {"elasticps", "elasticps_dense", "ddp_gloo", "plain_ps"}
         assert all(v > 0 for v in per_w["2"].values())
         cell = out["throughput_detail"][name]["2"]
-        firsts = {k: cell[k]["first_loss"] for k in ("elasticps_p1", "ddp_gloo", "plain_ps")}
-        lasts = {k: cell[k]["last_loss"] for k in ("elasticps_p1", "ddp_gloo", "plain_ps")}
+        # elasticps runs the loop whose table the PS holds; elasticps_dense the TrainingProgram
+        assert cell["elasticps_p1"]["ps_table"] is True and cell["elasticps_dense_p1"]["ps_table"] is False
+        labels = ("elasticps_p1", "elasticps_dense_p1", "ddp_gloo", "plain_ps")
+        firsts = {k: cell[k]["first_loss"] for k in labels}
+        lasts = {k: cell[k]["last_loss"] for k in labels}
         # the same model, data and batches: every system's losses agree (sync PS is exact)
         assert max(firsts.values()) - min(firsts.values()) < 1e-5, firsts
         assert max(lasts.values()) - min(lasts.values()) < 1e-4, lasts
         assert all(cell[k]["trained"] for k in firsts), cell
+        # each system's peak RSS per worker, and per PS where it has one, beside its throughput
+        peaks = out["memory"][name]["2"]
+        assert set(peaks) == set(per_w["2"])
+        assert all(p["worker_peak_mib"] > 50 for p in peaks.values()), peaks  # torch alone is more
+        assert peaks["ddp_gloo"]["ps_peak_mib"] is None
+        assert all(peaks[s]["ps_peak_mib"] > 50 for s in ("elasticps", "elasticps_dense", "plain_ps")), peaks
+    assert out["setup"]["table_mib"] == {"embedding": 5_000 * 16 * 4 / 2**20}
+    figures = out["goal_figures"]["embedding"]["2"]
+    assert figures["elasticps_worker_peak_mib"] == out["memory"]["embedding"]["2"]["elasticps"]["worker_peak_mib"]
+    assert out["goals"]["embedding_elasticps>ddp_at_every_W"] == (figures["elasticps"] > figures["ddp_gloo"])
     assert set(out["resize"]) == {"elasticps", "torchrun"}
     for system, cost in out["resize"].items():
         assert cost["samples_lost"] >= 0 and cost["seconds_to_full_speed"] > 0, (system, cost)
         assert cost["trained"], system
         assert [c["to_workers"] for c in cost["repeats"][0]["changes"]] == [4, 2]
     assert out["trained"]
-    assert "embedding" in report.table(out)
+    assert "peak RSS, MiB (worker / PS): elasticps" in report.table(out)
     assert report.plot(out, tmp_path / "peers.png").stat().st_size > 0
 
 

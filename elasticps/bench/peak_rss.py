@@ -34,7 +34,7 @@ def _parents() -> dict[int, list[int]]:
     return kids
 
 
-def _peak(pid: int) -> tuple[str, int] | None:
+def _peak(pid: int | str) -> tuple[str, int] | None:
     """A process's name (its first argument) and its high-water mark in KiB."""
     try:
         with open(f"/proc/{pid}/cmdline") as f:
@@ -44,6 +44,13 @@ def _peak(pid: int) -> tuple[str, int] | None:
     except (OSError, StopIteration):
         return None
     return name, kib
+
+
+def peak_mib(pid: int | str = "self") -> float | None:
+    """The high-water mark of one process's resident memory in MiB (``self``: this
+    process's), or None if it has gone."""
+    got = _peak(pid)
+    return None if got is None else got[1] / 1024
 
 
 def watch(command: list[str], every_s: float = 0.5) -> tuple[int, list[dict[str, object]]]:

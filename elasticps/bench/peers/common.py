@@ -27,6 +27,8 @@ class RunResult:
     included), so a run that did not train shows it. ``comm_share``: the part
     of a step's wall time spent neither in the forward/backward pass nor in
     the optimizer update (communication, and waiting on it), or None.
+    ``worker_peak_mib`` / ``ps_peak_mib``: the largest high-water mark of
+    resident memory among its worker (DDP rank) / PS processes, or None.
     """
 
     system: str
@@ -34,12 +36,20 @@ class RunResult:
     comm_share: float | None
     losses: list[float]
     detail: dict[str, Any] = field(default_factory=dict)
+    worker_peak_mib: float | None = None
+    ps_peak_mib: float | None = None
 
     @property
     def trained(self) -> bool:
         """The loss of the last steps is below that of the first ones."""
         k = max(1, len(self.losses) // 4)
         return len(self.losses) >= 2 and statistics.fmean(self.losses[-k:]) < statistics.fmean(self.losses[:k])
+
+
+def most(values: list[float | None]) -> float | None:
+    """The largest of ``values`` that are known, or None."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def comm_share(step_s: float, compute_s: float) -> float:

@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from elasticps.bench.peers.common import RunResult, comm_share, free_port
+from elasticps.bench.peak_rss import peak_mib
+from elasticps.bench.peers.common import RunResult, comm_share, free_port, most
 from elasticps.bench.peers.workloads import DataParallelStep, Workload
 
 TIMEOUT_S = 600.0
@@ -54,6 +55,7 @@ def run(workload: Workload, workers: int, steps: int, warmup: int = 2, threads: 
         comm_share(step_s, compute_s),
         losses,
         {"step_s": step_s, "local_forward_backward_s": head["local_fb_s"], "optimizer_s": head["opt_s"]},
+        worker_peak_mib=most([o["peak_mib"] for o in outs]),
     )
 
 
@@ -122,4 +124,5 @@ def _train(rank: int, world: int, workload: Workload, steps: int, warmup: int, t
         "elapsed_s": elapsed,
         "local_fb_s": statistics.median(local),
         "opt_s": statistics.median(opt_times[warmup:]),
+        "peak_mib": peak_mib(),
     }

@@ -1,7 +1,10 @@
 """``elasticps``: the runtime's sync PS, timed as a user runs it (default config).
 
 Throughput: a P x W job on one node (or pinned over several nodes), the
-steps after a warm-up timed by the driver. Resize: a 1 x 2 job training in a
+steps after a warm-up timed by the driver; ``ps_table``: the workload's loop
+whose embedding table the PS holds (a user's loop with
+``elasticps.torch.Embedding``) in place of its TrainingProgram, where every
+worker pulls and pushes the whole table. Resize: a 1 x 2 job training in a
 thread, rescaled live to 1 x 4 and back (new workers start in the background;
 the switch happens at a step boundary), every step's time and samples kept.
 """
@@ -12,7 +15,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from elasticps.bench.peers.common import RunResult, comm_share
+from elasticps.bench.peak_rss import peak_mib
+from elasticps.bench.peers.common import RunResult, comm_share, most
 from elasticps.bench.peers.resize import Timeline
 from elasticps.bench.peers.workloads import Workload
 from elasticps.runtime import JobConfig, JobController, TaskResources
@@ -38,15 +42,22 @@ def run(
     threads: int = 1,
     num_ps: int = 1,
     placement: dict[str, str] | None = None,
+    ps_table: bool = False,
 ) -> RunResult:
-    program = workload.program()
-    job = JobController(program, _config(threads), num_ps, workers, placement=placement)
+    loop = workload.ps_table_loop() if ps_table else None
+    if ps_table and loop is None:
+        raise ValueError(f"workload {workload.name!r} has no table for the PS to hold")
+    job = JobController(loop or workload.program(), _config(threads), num_ps, workers, placement=placement)
+    program = job.program
     try:
         job.run(max_steps=warmup)
         t0 = time.perf_counter()
         job.run(max_steps=steps)
         elapsed = time.perf_counter() - t0
         windows = job.report().windows
+        # the tasks run on this machine (one node, or the nodes of a ray.cluster_utils.Cluster)
+        worker_peak = most([peak_mib(t.pid) for t in job.workers])
+        ps_peak = most([peak_mib(t.pid) for t in job.ps])
     finally:
         job.shutdown()
     timed = [w for w in windows if w.first_step >= warmup]
@@ -61,7 +72,9 @@ def run(
         steps * program.batch_size / elapsed,
         comm_share(step_s, compute),
         [w.loss for w in windows],
-        {"num_ps": num_ps, "step_s": step_s, **parts},
+        {"num_ps": num_ps, "ps_table": ps_table, "step_s": step_s, **parts},
+        worker_peak_mib=worker_peak,
+        ps_peak_mib=ps_peak,
     )
 
 

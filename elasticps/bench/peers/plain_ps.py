@@ -18,7 +18,8 @@ import numpy as np
 import ray
 import torch
 
-from elasticps.bench.peers.common import RunResult, comm_share
+from elasticps.bench.peak_rss import peak_mib
+from elasticps.bench.peers.common import RunResult, comm_share, most
 from elasticps.bench.peers.workloads import DataParallelStep, Workload
 
 
@@ -46,6 +47,9 @@ class ParameterServer:
 
     def timings(self) -> list[float]:
         return self.update_s
+
+    def peak_mib(self) -> float | None:
+        return peak_mib()
 
 
 @ray.remote(num_cpus=1)
@@ -75,6 +79,9 @@ class DataWorker:
     def timings(self) -> list[float]:
         return self.compute_s
 
+    def peak_mib(self) -> float | None:
+        return peak_mib()
+
 
 def run(workload: Workload, workers: int, steps: int, warmup: int = 2, threads: int = 1) -> RunResult:
     ps = ParameterServer.remote(workload, threads)
@@ -96,6 +103,8 @@ def run(workload: Workload, workers: int, steps: int, warmup: int = 2, threads: 
         elapsed = time.perf_counter() - t_start
         compute = ray.get([w.timings.remote() for w in pool])
         update = ray.get(ps.timings.remote())
+        worker_peaks = ray.get([w.peak_mib.remote() for w in pool])
+        ps_peak = ray.get(ps.peak_mib.remote())
     finally:
         for actor in [ps, *pool]:
             ray.kill(actor)
@@ -108,4 +117,6 @@ def run(workload: Workload, workers: int, steps: int, warmup: int = 2, threads: 
         comm_share(step_s, compute_s + update_s),
         losses,
         {"step_s": step_s, "forward_backward_s": compute_s, "update_s": update_s},
+        worker_peak_mib=most(worker_peaks),
+        ps_peak_mib=ps_peak,
     )

@@ -5,14 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-SYSTEM_ORDER = ("elasticps", "ddp_gloo", "plain_ps", "ray_train", "torchrun")
+SYSTEM_ORDER = ("elasticps", "elasticps_dense", "ddp_gloo", "plain_ps", "ray_train", "torchrun")
 
 
 def table(out: dict[str, Any]) -> str:
     lines = ["throughput, samples/s (median of repeats; comm share of a step in brackets)"]
     detail = out.get("throughput_detail", {})
     for name, per_w in out.get("throughput", {}).items():
-        lines.append(f"  {name}  ({out['setup']['workloads'].get(name, '')})")
+        table_mib = out["setup"].get("table_mib", {}).get(name)
+        table_text = f"; its table {table_mib:.0f} MiB" if table_mib is not None else ""
+        lines.append(f"  {name}  ({out['setup']['workloads'].get(name, '')}{table_text})")
         for w, row in per_w.items():
             cell = detail.get(name, {}).get(w, {})
             chosen = cell.get("elasticps_chosen_ps")
@@ -20,7 +22,7 @@ def table(out: dict[str, Any]) -> str:
             for system in SYSTEM_ORDER:
                 if system not in row:
                     continue
-                key = f"elasticps_p{chosen}" if system == "elasticps" else system
+                key = {"elasticps": f"elasticps_p{chosen}", "elasticps_dense": "elasticps_dense_p1"}.get(system, system)
                 share = cell.get(key, {}).get("comm_share")
                 label = f"elasticps P={chosen}" if system == "elasticps" else system
                 parts.append(f"{label} {row[system]:.0f}" + (f" [{share:.0%}]" if share is not None else ""))
@@ -28,6 +30,9 @@ def table(out: dict[str, Any]) -> str:
             if chosen != 1 and p1 is not None:
                 parts.append(f"(elasticps P=1 {p1:.0f})")
             lines.append(f"    W={w}: " + ", ".join(parts))
+            peaks = out.get("memory", {}).get(name, {}).get(w, {})
+            if table_mib is not None and peaks:
+                lines.append("      peak RSS, MiB (worker / PS): " + ", ".join(_peaks(s, peaks[s]) for s in peaks))
     spread = {k: v for k, v in out.get("throughput_3node", {}).items() if k != "how"}
     if spread:
         lines.append("elasticps over 3 Ray nodes (" + out["throughput_3node"]["how"] + "), samples/s")
@@ -58,7 +63,20 @@ def table(out: dict[str, Any]) -> str:
         )
     for goal, ok in out.get("goals", {}).items():
         lines.append(f"goal {goal}: {'-' if ok is None else 'met' if ok else 'NOT met'}")
+    emb = out.get("goal_figures", {}).get("embedding", {})
+    for w, c in emb.items():
+        if w != "table_mib" and None not in c.values():
+            lines.append(
+                f"  embedding W={w}: elasticps {c['elasticps']:.0f} vs ddp_gloo {c['ddp_gloo']:.0f} samples/s; "
+                f"worker peak {c['elasticps_worker_peak_mib']:.0f} vs {c['ddp_gloo_worker_peak_mib']:.0f} MiB "
+                f"(elasticps PS {c['elasticps_ps_peak_mib']:.0f} MiB); table {emb['table_mib']:.0f} MiB"
+            )
     return "\n".join(lines)
+
+
+def _peaks(system: str, cell: dict[str, float | None]) -> str:
+    worker, ps = cell.get("worker_peak_mib"), cell.get("ps_peak_mib")
+    return f"{system} {'-' if worker is None else f'{worker:.0f}'}" + ("" if ps is None else f" / {ps:.0f}")
 
 
 def plot(out: dict[str, Any], path: Path) -> Path:

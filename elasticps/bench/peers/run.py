@@ -9,7 +9,12 @@ elasticps runs, Ray Train's resize) and removed after.
 
 elasticps runs at P = 1 and at each P of ``ps_sweep``; its figure in
 ``throughput`` is the P with the highest median (a small sweep, said in
-``throughput_detail``), beside P = 1's.
+``throughput_detail``), beside P = 1's. A workload with an embedding table
+runs on elasticps as a user runs it, the table on the PS (its loop with
+``elasticps.torch.Embedding``); ``elasticps_dense`` is its TrainingProgram at
+P = 1, where every worker pulls and pushes the whole table. ``memory``: the
+largest peak RSS among each run's worker and PS processes, beside the
+throughput (``setup.table_mib``: the table's own size).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from elasticps.bench.peers.common import NODE_OBJECT_STORE_BYTES, RunResult, add
 from elasticps.bench.peers.resize import Timeline, summarize
 from elasticps.bench.peers.workloads import NAMES, Workload
 
-THROUGHPUT_SYSTEMS = ("elasticps", "ddp_gloo", "plain_ps")
+THROUGHPUT_SYSTEMS = ("elasticps", "elasticps_dense", "ddp_gloo", "plain_ps")
 RESIZE_SYSTEMS = ("elasticps", "ray_train", "torchrun")
 HEAD_CPUS = 8
 NODE_CPUS = 4
@@ -93,6 +98,7 @@ def run(config: PeersConfig, say: Callable[[str], None] = lambda _: None, cluste
         "wall_s": time.time() - started,
         "throughput": throughput_table(runs),
         "throughput_detail": throughput_detail(runs),
+        "memory": memory_table(runs),
         "throughput_3node": spread,
         "resize": {system: _median_costs(tls) for system, tls in timelines.items()},
         "resize_timelines": {system: tls[-1].to_json() for system, tls in timelines.items()},
@@ -103,13 +109,20 @@ def run(config: PeersConfig, say: Callable[[str], None] = lambda _: None, cluste
         and all(_trained(t) for tls in timelines.values() for t in tls),
     }
     out["goals"] = goals(out)
+    out["goal_figures"] = {"embedding": embedding_figures(out)}
     return out
 
 
 def setup(config: PeersConfig) -> dict[str, Any]:
+    workloads = [Workload(name, config.small) for name in config.workloads]
     return {
         "config": asdict(config),
-        "workloads": {name: Workload(name, config.small).describe() for name in config.workloads},
+        "workloads": {w.name: w.describe() for w in workloads},
+        "table_mib": {w.name: w.table_mib() for w in workloads if w.table_mib() is not None},
+        "elasticps_with_a_table": "the table on the PS: the workload's loop with elasticps.torch.Embedding "
+        "(a worker reads its batch's rows); elasticps_dense: its TrainingProgram at P = 1 (nn.EmbeddingBag: "
+        "every worker pulls and pushes the whole table, as DDP and the plain PS replicate it)",
+        "memory": "the largest peak RSS (VmHWM) among a run's worker (DDP rank) and PS processes, median of repeats",
         "same_for_every_system": "model, data and its order, global batch, optimizer, torch threads per process; "
         "1 CPU (Ray's num_cpus) per PS or worker task; DDP ranks are plain processes",
         "comm_share": "1 - (forward/backward + optimizer update) / step wall time; DDP's forward/backward timed "
@@ -129,7 +142,9 @@ def throughput_runs(config: PeersConfig, say: Callable[[str], None]) -> Runs:
         for name in config.workloads:
             workload = Workload(name, config.small)
             for w in config.workers:
-                labels = [f"elasticps_p{p}" for p in config.ps_sweep] + ["ddp_gloo", "plain_ps"]
+                labels = [f"elasticps_p{p}" for p in config.ps_sweep]
+                labels += ["elasticps_dense_p1"] if workload.ps_table_loop() else []
+                labels += ["ddp_gloo", "plain_ps"]
                 shift = r % len(labels)
                 for label in labels[shift:] + labels[:shift]:
                     result = _one(label, workload, w, config)
@@ -140,8 +155,11 @@ def throughput_runs(config: PeersConfig, say: Callable[[str], None]) -> Runs:
 
 def _one(label: str, workload: Workload, w: int, config: PeersConfig) -> RunResult:
     kw = {"steps": config.steps, "warmup": config.warmup, "threads": config.threads}
+    if label.startswith("elasticps_dense_p"):
+        return elasticps_ps.run(workload, w, num_ps=int(label.removeprefix("elasticps_dense_p")), **kw)
     if label.startswith("elasticps_p"):
-        return elasticps_ps.run(workload, w, num_ps=int(label.removeprefix("elasticps_p")), **kw)
+        tables = workload.ps_table_loop() is not None
+        return elasticps_ps.run(workload, w, num_ps=int(label.removeprefix("elasticps_p")), ps_table=tables, **kw)
     return (ddp if label == "ddp_gloo" else plain_ps).run(workload, w, **kw)
 
 
@@ -149,14 +167,39 @@ def _median(results: list[RunResult]) -> float:
     return statistics.median(r.samples_per_s for r in results)
 
 
+def _systems(per: dict[str, list[RunResult]]) -> dict[str, str]:
+    """Each system of ``THROUGHPUT_SYSTEMS`` that ran, and the label whose runs it
+    stands for (elasticps: its P with the highest median)."""
+    eps = max((k for k in per if k.startswith("elasticps_p")), key=lambda k: _median(per[k]))
+    labels = {"elasticps": eps, "elasticps_dense": "elasticps_dense_p1", "ddp_gloo": "ddp_gloo", "plain_ps": "plain_ps"}
+    return {system: label for system, label in labels.items() if label in per}
+
+
 def throughput_table(runs: Runs) -> dict[str, dict[str, dict[str, float]]]:
     table: dict[str, dict[str, dict[str, float]]] = {}
     for name, per_w in runs.items():
         for w, per in per_w.items():
-            eps = max((k for k in per if k.startswith("elasticps_p")), key=lambda k: _median(per[k]))
-            row = {"elasticps": _median(per[eps])}
-            row.update({k: _median(per[k]) for k in ("ddp_gloo", "plain_ps") if k in per})
-            table.setdefault(name, {})[str(w)] = row
+            table.setdefault(name, {})[str(w)] = {s: _median(per[label]) for s, label in _systems(per).items()}
+    return table
+
+
+def memory_table(runs: Runs) -> dict[str, dict[str, dict[str, dict[str, float | None]]]]:
+    """``{workload: {W: {system: {worker_peak_mib, ps_peak_mib}}}}``, medians of repeats."""
+
+    def med(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    table: dict[str, dict[str, dict[str, dict[str, float | None]]]] = {}
+    for name, per_w in runs.items():
+        for w, per in per_w.items():
+            table.setdefault(name, {})[str(w)] = {
+                system: {
+                    "worker_peak_mib": med([r.worker_peak_mib for r in per[label]]),
+                    "ps_peak_mib": med([r.ps_peak_mib for r in per[label]]),
+                }
+                for system, label in _systems(per).items()
+            }
     return table
 
 
@@ -175,8 +218,9 @@ def throughput_detail(runs: Runs) -> dict[str, Any]:
                     "first_loss": results[0].losses[0],
                     "last_loss": results[0].losses[-1],
                 }
-            eps = max((k for k in per if k.startswith("elasticps_p")), key=lambda k: _median(per[k]))
-            cell["elasticps_chosen_ps"] = int(eps.removeprefix("elasticps_p"))
+                if "ps_table" in results[0].detail:  # elasticps: the table on the PS, or in every worker
+                    cell[label]["ps_table"] = results[0].detail["ps_table"]
+            cell["elasticps_chosen_ps"] = int(_systems(per)["elasticps"].removeprefix("elasticps_p"))
             detail.setdefault(name, {})[str(w)] = cell
     return detail
 
@@ -195,8 +239,9 @@ def three_node_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None
             workload = Workload(name, config.small)
             for w in config.workers:
                 pins = {"ps-0": head, **{f"worker-{i}": others[i % 2] for i in range(w)}}
+                tables = workload.ps_table_loop() is not None
                 results = [
-                    elasticps_ps.run(workload, w, config.steps, config.warmup, config.threads, 1, pins)
+                    elasticps_ps.run(workload, w, config.steps, config.warmup, config.threads, 1, pins, tables)
                     for _ in range(config.repeats)
                 ]
                 say(f"3 nodes {name} W={w} elasticps: {_median(results):.0f} samples/s")
@@ -284,17 +329,47 @@ def goals(out: dict[str, Any]) -> dict[str, bool | None]:
         return None if eps is None or lost is None else eps * 20 <= lost
 
     dense = out["throughput"].get("dense_mlp_10m", {})
-    emb = out["throughput"].get("embedding", {})
     ratios = [dense[w]["elasticps"] / dense[w]["ddp_gloo"] for w in ("2", "4") if w in dense]
+    emb = embedding_figures(out)
+    per_w = [c for w, c in emb.items() if w != "table_mib"]
+
+    def every_w(test: Callable[[dict[str, Any]], bool]) -> bool | None:
+        cells = [c for c in per_w if None not in c.values()]
+        return all(test(c) for c in cells) if cells and len(cells) == len(per_w) else None
+
     return {
         "resize_samples_lost_20x_fewer_than_ray_train": fewer("ray_train"),
         "resize_samples_lost_20x_fewer_than_torchrun": fewer("torchrun"),
         "dense_one_node_elasticps>=0.9x_ddp_at_W=2,4": all(r >= 0.9 for r in ratios) if ratios else None,
-        "embedding_elasticps>ddp_at_every_W": all(c["elasticps"] > c["ddp_gloo"] for c in emb.values())
-        if emb
-        else None,
+        # elasticps with the table on the PS (the figures: goal_figures.embedding)
+        "embedding_elasticps>ddp_at_every_W": every_w(lambda c: c["elasticps"] > c["ddp_gloo"]),
+        "embedding_elasticps_worker_peak<ddp_rank_peak_at_every_W": every_w(
+            lambda c: c["elasticps_worker_peak_mib"] < c["ddp_gloo_worker_peak_mib"]
+        ),
+        "embedding_table>elasticps_worker_peak_at_every_W": every_w(
+            lambda c: emb["table_mib"] > c["elasticps_worker_peak_mib"]
+        ),
         "pushpull>=0.6x_memcpy": out["limit"]["pushpull_shm_over_memcpy"] >= 0.6 if out["limit"] else None,
     }
+
+
+def embedding_figures(out: dict[str, Any]) -> dict[str, Any]:
+    """What the embedding goals are judged on, per W: samples/s and the largest
+    worker peak RSS of elasticps (the table on the PS) and DDP, elasticps's PS
+    peak, and the table's size."""
+    emb = out["throughput"].get("embedding", {})
+    mem = out["memory"].get("embedding", {})
+    figures: dict[str, Any] = {"table_mib": out["setup"]["table_mib"].get("embedding")}
+    for w, row in emb.items():
+        peaks = mem.get(w, {})
+        figures[w] = {
+            "elasticps": row.get("elasticps"),
+            "ddp_gloo": row.get("ddp_gloo"),
+            "elasticps_worker_peak_mib": peaks.get("elasticps", {}).get("worker_peak_mib"),
+            "elasticps_ps_peak_mib": peaks.get("elasticps", {}).get("ps_peak_mib"),
+            "ddp_gloo_worker_peak_mib": peaks.get("ddp_gloo", {}).get("worker_peak_mib"),
+        }
+    return figures
 
 
 # --------------------------------------------------------------------- cluster

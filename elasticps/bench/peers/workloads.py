@@ -8,6 +8,8 @@ a size a smoke test can train in seconds.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +41,26 @@ class Workload:
             return transformer.program(
                 epochs=10_000, batch_size=batch, samples=16 * batch, width=width, layers=layers, heads=4
             )
+        return embedding.program(**self._embedding_args())
+
+    def _embedding_args(self) -> dict[str, Any]:
+        batch = 32 if self.small else GLOBAL_BATCH
         rows = 5_000 if self.small else 1_000_000
-        return embedding.program(rows=rows, batch_size=batch, samples=64 * batch, epochs=10_000, lr=0.01)
+        return {"rows": rows, "batch_size": batch, "samples": 64 * batch, "epochs": 10_000, "lr": 0.01}
+
+    def ps_table_loop(self) -> Callable[..., Any] | None:
+        """The same training as a user's loop whose table the PS holds
+        (``elasticps.torch.Embedding``), or None if the workload has no table."""
+        if self.name != "embedding":
+            return None
+        return functools.partial(embedding.loop, **self._embedding_args())
+
+    def table_mib(self) -> float | None:
+        """The size of the workload's embedding table, or None if it has none."""
+        if self.name != "embedding":
+            return None
+        args = self._embedding_args()
+        return args["rows"] * embedding.DIM * 4 / 2**20
 
     def describe(self) -> str:
         p = self.program()
