@@ -96,6 +96,7 @@ def tabled_bag(
     vocab: int = 3001,
     optimizer: str = "adamw",
     tables: str = "module",
+    evaluate_first: bool = False,
 ):
     """Bags of token ids (0 pads) through a PS-held table read twice per batch
     (the tokens and a per-bag id), mean-pooled into a linear layer, with
@@ -103,7 +104,8 @@ def tabled_bag(
     boundary cuts (vocab * 7 elements over 2-3 shards), a padding row.
     ``tables``: the PS holds the table as ``ept.Embedding`` in the class
     (``module``) or through ``ept.tables_on_ps(Bag, vocab)`` (``call``);
-    ``none``: the plain loop, torch's table."""
+    ``none``: the plain loop, torch's table. ``evaluate_first``: the loss of the
+    untrained model is reported before the first epoch."""
     import elasticps.torch as ept
 
     torch.manual_seed(0)
@@ -121,6 +123,9 @@ def tabled_bag(
     cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad}[optimizer]
     opt = cls(model.parameters(), lr=0.01)
     model, opt = ept.prepare(model, opt)
+    if evaluate_first:
+        with torch.no_grad():
+            ept.report(loss=torch.nn.functional.cross_entropy(model(tokens), labels).item())
     for _ in ept.epochs(epochs):
         for x, y in loader:
             opt.zero_grad()

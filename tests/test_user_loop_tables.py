@@ -91,8 +91,10 @@ def test_a_ps_held_table_through_live_rescales_matches_one_process(ray_local):
 
 
 def test_a_ps_killed_mid_epoch_with_a_table_the_job_recovers_exactly(ray_local, tmp_path):
+    # the loop evaluates before its first epoch too: a worker reads the rows of the job's parameters then
+    kwargs = {"optimizer": "adagrad", "evaluate_first": True}
     job = make_job(
-        2, 2, functools.partial(loops.tabled_bag, optimizer="adagrad"), checkpoint_dir=str(tmp_path),
+        2, 2, functools.partial(loops.tabled_bag, **kwargs), checkpoint_dir=str(tmp_path),
         checkpoint_every_steps=5, placement_timeout_s=240,
     )  # fmt: skip
     job.run(max_steps=7)
@@ -102,8 +104,10 @@ def test_a_ps_killed_mid_epoch_with_a_table_the_job_recovers_exactly(ray_local, 
     report = job.run()
     assert any("restored from checkpoint at step 5" in e for e in report.events)
     assert report.state == "finished" and report.step == 24
-    params, _ = reference(loops.tabled_bag, optimizer="adagrad")
+    params, want = reference(loops.tabled_bag, **kwargs)
     assert relative_error(job.parameters(), params) < TOL
+    first = report.metrics[0]
+    assert first.step == 0 and first.values["loss"] == pytest.approx(want[0]["metrics"]["loss"], rel=1e-6)
     job.shutdown()
 
 

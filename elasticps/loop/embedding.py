@@ -13,6 +13,7 @@ row), so any optimizer a job runs exactly is exact here too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -118,8 +119,11 @@ class RowClient:
     """A worker's side of its PS-held tables: which shard holds what (from each
     pull), the rows read for the current batch, and their gradients."""
 
-    def __init__(self, tables: Tables, modules: list[Embedding]) -> None:
+    def __init__(self, tables: Tables, modules: list[Embedding], first_params: Callable[[], None]) -> None:
+        """``first_params()`` waits for the job's parameters, which a read before
+        the loop's first batch needs (an evaluation before training)."""
         self.tables = tables
+        self.first_params = first_params
         self.index = {id(m): i for i, m in enumerate(modules)}
         self.param_ids = {id(m.weight) for m in modules}
         self.shards: list[tuple[Any, int, int]] = []  # (handle, lo, hi) of each shard
@@ -143,6 +147,8 @@ class RowClient:
         """Rows ``ids`` of table ``t``: one call to each shard that holds a part of them."""
         import ray  # a worker's: Ray is running there
 
+        if not self.shards:  # no pull yet: which shards hold the table comes with the parameters
+            self.first_params()
         table = self.tables.tables[t]
         out = np.zeros((len(ids), table.dim), np.float32)
         calls = []

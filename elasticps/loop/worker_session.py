@@ -142,7 +142,7 @@ class WorkerSession:
         if tables != self.program.tables:
             raise ProgramError("this worker's elasticps.torch.Embedding tables differ from those of the describe run")
         if tables is not None:
-            self.rows = RowClient(tables, modules)
+            self.rows = RowClient(tables, modules, self._first_params)
             numel = tables.dense(numel)
         skip = self.rows.param_ids if self.rows else None
         self.flat = FlatModel(model, self.grad_buffer(numel), skip)
@@ -328,6 +328,12 @@ class WorkerSession:
         if msg is RELEASE:
             raise Released()
         return msg
+
+    def _first_params(self) -> None:
+        """The job's parameters, if none came yet: the loop uses its model before
+        its first batch (a PS-held table is read at the parameters the job has)."""
+        if self.next_epoch is UNKNOWN:
+            self._receive(self._wait(boundary=True))
 
     def _receive(self, msg: StepMessage | ParamsMessage) -> None:
         assert self.flat is not None, "a message before prepare()"
