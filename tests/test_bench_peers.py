@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from elasticps import load_program
 from elasticps.bench.peers import report
 from elasticps.bench.peers import run as peers
 from elasticps.bench.peers.resize import Timeline, change_costs, summarize
 from elasticps.bench.peers.workloads import Workload
+from elasticps.runtime.flat import flat_params
 
 
 def _steady(timeline: Timeline, t0: float, t1: float, per_s: int, workers: int) -> None:
@@ -52,10 +55,16 @@ def test_steps_redone_after_a_restart_are_not_progress():
 
 
 def test_the_embedding_workload_is_a_large_table_and_a_small_mlp():
-    model = Workload("embedding").program().build_model()
+    workload = Workload("embedding")
+    model = workload.program().build_model()
     table = model.table.weight.numel()
     rest = sum(p.numel() for p in model.parameters()) - table
     assert table == 16_000_000 and rest < 10_000
+    # elasticps's version: the same model and initial parameters, its table held by the PS
+    loop = load_program(workload.ps_table_loop())
+    [held] = loop.tables.tables
+    assert (held.lo, held.rows, held.dim) == (0, 1_000_000, 16) and workload.table_mib() == held.nbytes / 2**20
+    np.testing.assert_array_equal(loop.initial_params(), flat_params(model))
 
 
 @pytest.fixture(scope="module")
