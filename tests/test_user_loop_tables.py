@@ -76,6 +76,13 @@ def test_a_ps_held_table_through_live_rescales_matches_one_process(ray_local):
         if shape == (2, 3):  # a worker holds the dense layer (24 floats, and its gradient), not the table
             held = ray.get([w.handle.held_bytes.remote() for w in job.workers])
             assert held == [2 * 24 * 4] * 3 and table.nbytes == 3001 * 7 * 4
+            # the shards give rows at their step's parameters (row 1502 is cut by the 2 shards' ranges:
+            # a part from each), and refuse a read at another step
+            ids, step = np.array([0, 1502, 3000]), job.report().step
+            rows = sum(ray.get([p.handle.read_rows.remote(0, ids, step) for p in job.ps]))
+            np.testing.assert_array_equal(rows, job.parameters()[: table.hi].reshape(3001, 7)[ids])
+            with pytest.raises(ray.exceptions.RayTaskError, match=f"rows of step {step - 1}'s parameters were"):
+                ray.get(job.ps[1].handle.read_rows.remote(0, ids, step - 1))
         report = job.run(max_steps=steps)
     assert report.state == "finished" and report.step == 24
     assert [r.to_shape for r in report.rescales] == [(2, 3), (3, 2), (1, 2)]

@@ -127,6 +127,7 @@ class RowClient:
         self.index = {id(m): i for i, m in enumerate(modules)}
         self.param_ids = {id(m.weight) for m in modules}
         self.shards: list[tuple[Any, int, int]] = []  # (handle, lo, hi) of each shard
+        self.step = 0  # the step whose parameters were pulled: rows are read at it
         self.read_bytes: list[int] = []  # per shard: the bytes of rows read since the pull
         self.lookups: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (table, ids, rows read) of this batch
         self.recording = False
@@ -134,9 +135,12 @@ class RowClient:
         for m in modules:
             m.rows = self
 
-    def bind(self, parts: list[DenseSlice], bounds: list[tuple[int, int]]) -> tuple[list[Any], list[tuple[int, int]]]:
-        """A pull's dense parameters and their bounds in the worker's dense vector."""
+    def bind(
+        self, parts: list[DenseSlice], bounds: list[tuple[int, int]], step: int
+    ) -> tuple[list[Any], list[tuple[int, int]]]:
+        """A pull's dense parameters (those of ``step``) and their bounds in the worker's dense vector."""
         self.shards = [(p.shard, lo, hi) for p, (lo, hi) in zip(parts, bounds, strict=True)]
+        self.step = step
         self.read_bytes = [0] * len(parts)
         return [p.params for p in parts], self.tables.dense_bounds(bounds)
 
@@ -155,7 +159,7 @@ class RowClient:
         for j, (shard, lo, hi) in enumerate(self.shards):
             mine = table.touches(ids, lo, hi)
             if mine.any():
-                calls.append((j, mine, shard.read_rows.remote(t, ids[mine])))
+                calls.append((j, mine, shard.read_rows.remote(t, ids[mine], self.step)))
         for j, mine, ref in calls:
             try:
                 rows = ray.get(ref)

@@ -337,7 +337,7 @@ class WorkerSession:
 
     def _receive(self, msg: StepMessage | ParamsMessage) -> None:
         assert self.flat is not None, "a message before prepare()"
-        parts, bounds = self.rows.bind(msg.parts, msg.bounds) if self.rows else (msg.parts, msg.bounds)
+        parts, bounds = self.rows.bind(msg.parts, msg.bounds, msg.step) if self.rows else (msg.parts, msg.bounds)
         self.flat.load(parts, bounds)
         self.bound = (parts, bounds)
         self.steps = msg.step

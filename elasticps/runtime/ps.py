@@ -106,12 +106,19 @@ class PSShard:
         return self.data.numpy()
 
     @ray.method(concurrency_group="rows")
-    def read_rows(self, table: int, ids: np.ndarray) -> np.ndarray:
-        """Rows ``ids`` of PS-held table ``table`` as this shard holds them (zeros
-        where another shard holds a row's rest). It runs in its own concurrency
-        group: a worker's forward reads rows while this step's update waits for the
-        gradients."""
+    def read_rows(self, table: int, ids: np.ndarray, step: int) -> np.ndarray:
+        """Rows ``ids`` of PS-held table ``table`` at the parameters of ``step`` as
+        this shard holds them (zeros where another shard holds a row's rest). It
+        runs in its own concurrency group: a worker's forward reads rows while this
+        step's update waits for the gradients, which that forward precedes; rows of
+        another step than the shard's (a read the step protocol should not let
+        through) are refused, not mixed into a batch."""
         assert self.tables is not None
+        if step != self.version:
+            raise RuntimeError(
+                f"rows of step {step}'s parameters were asked of a shard at step {self.version}'s: "
+                "the step that read them cannot stand"
+            )
         return read_rows(self.data.numpy(), self.lo, self.tables.tables[table], ids)
 
     def _pulled(self) -> DenseSlice:
