@@ -109,11 +109,6 @@ def tabled_bag(
     import elasticps.torch as ept
 
     torch.manual_seed(0)
-    g = torch.Generator().manual_seed(1)
-    tokens = (torch.rand(samples, 6, generator=g) ** 2 * vocab).long().clamp(max=vocab - 1)
-    tokens[:, 4:] *= (torch.rand(samples, 1, generator=g) < 0.5).long()  # some bags padded with 0
-    labels = (tokens % 3 == 0).sum(1).clamp(max=2)
-    loader = ept.DataLoader(torch.utils.data.TensorDataset(tokens, labels), batch_size=batch_size, shuffle=True)
     build = {
         "module": lambda: Bag(vocab, ept.Embedding),
         "call": lambda: ept.tables_on_ps(Bag, vocab),
@@ -123,6 +118,11 @@ def tabled_bag(
     cls = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad}[optimizer]
     opt = cls(model.parameters(), lr=0.01)
     model, opt = ept.prepare(model, opt)
+    # the data are drawn after the model, from torch's global generator
+    tokens = (torch.rand(samples, 6) ** 2 * vocab).long().clamp(max=vocab - 1)
+    tokens[:, 4:] *= (torch.rand(samples, 1) < 0.5).long()  # some bags padded with 0
+    labels = (tokens % 3 == 0).sum(1).clamp(max=2)
+    loader = ept.DataLoader(torch.utils.data.TensorDataset(tokens, labels), batch_size=batch_size, shuffle=True)
     if evaluate_first:
         with torch.no_grad():
             ept.report(loss=torch.nn.functional.cross_entropy(model(tokens), labels).item())

@@ -33,6 +33,7 @@ class Session(Protocol):
     def report(self, metrics: dict[str, float]) -> dict[str, Any]: ...
     def register(self, objects: dict[str, Any]) -> None: ...
     def step(self) -> int: ...
+    def rng_point(self) -> None: ...
 
 
 _session: Session | None = None
@@ -56,6 +57,12 @@ def active(session: Session) -> Iterator[Session]:
         yield session
     finally:
         _session = before
+
+
+def rng_point() -> None:
+    """A point of the loop's function where a worker's torch generator is put
+    where the describe run's was (see :meth:`WorkerSession.rng_point`)."""
+    current().rng_point()
 
 
 def set_session(session: Session | None) -> None:

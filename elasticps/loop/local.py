@@ -77,6 +77,9 @@ class LocalSession:
     def step(self) -> int:
         return self.batches
 
+    def rng_point(self) -> None:
+        pass
+
 
 class Described(BaseException):
     """Stops a describe run at its first batch (not an Exception: the user's
@@ -93,6 +96,7 @@ class DescribeSession:
         self.num_epochs: int | None = None
         self.registered: tuple[str, ...] = ()
         self.tables: Tables | None = None
+        self.rng_states: list[bytes] = []
         self.used = False
 
     def prepare(self, model: Any, opt: Any, inexact: bool) -> tuple[Any, Any]:
@@ -103,6 +107,8 @@ class DescribeSession:
         self.layout = OptimizerLayout.of(model, opt, inexact)
         self.tables = tables_of(model)[0]
         self.model = model
+        if self.tables is not None:
+            self.rng_point()
         return model, opt
 
     def add_loader(self, loader: DataLoader) -> None:
@@ -131,6 +137,9 @@ class DescribeSession:
     def step(self) -> int:
         return 0
 
+    def rng_point(self) -> None:
+        self.rng_states.append(torch.get_rng_state().numpy().tobytes())
+
     def program(self, name: str, fn: Callable[..., Any], args: dict[str, Any]) -> LoopProgram:
         missing = [
             what
@@ -156,6 +165,7 @@ class DescribeSession:
             layout=self.layout,
             registered=self.registered,
             tables=self.tables,
+            rng_states=tuple(self.rng_states),
             model=self.model,
             max_batch_size=self.loader.max_batch_size,
             lr_scaling=self.loader.lr_scaling,

@@ -118,6 +118,7 @@ class LoopProgram:
     layout: OptimizerLayout
     registered: tuple[str, ...] = ()
     tables: Tables | None = None  # embedding tables the PS holds and the workers do not
+    rng_states: tuple[bytes, ...] = ()  # torch's generator at the describe run's rng points (api.rng_point)
     model: torch.nn.Module | None = field(default=None, repr=False)  # the controller's copy only
     max_batch_size: int | None = None  # the DataLoader's: the global batch may grow up to it
     lr_scaling: str = "sqrt"  # the DataLoader's: how the user's lr follows the global batch

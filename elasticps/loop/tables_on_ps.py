@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import torch
 
 from elasticps.errors import ProgramError
+from elasticps.loop import api
 from elasticps.loop.embedding import Embedding, refused_options
 
 M = TypeVar("M")
@@ -64,6 +65,7 @@ def tables_on_ps(build: Callable[..., M], /, *args: Any, min_rows: int = 0, **kw
     finally:
         frames.pop()
         _uninstall()
+    api.rng_point()  # a worker draws no values for its tables: its generator goes where the describe run's was
     if frame[1] == 0:
         raise ProgramError(
             f"tables_on_ps({getattr(build, '__name__', build)!r}, ...) built no torch.nn.Embedding of at least "

@@ -127,6 +127,7 @@ class WorkerSession:
         self.bound: tuple[list[np.ndarray], list[tuple[int, int]]] | None = None
         self.checks_left = CHECKED_STEPS
         self.rows: RowClient | None = None
+        self.rng_points = 0  # rng_point() calls so far
         self.row_grads: list[tuple[int, np.ndarray, np.ndarray]] = []  # the last step's, for the push
 
     # -- the user's calls -------------------------------------------------------------
@@ -144,6 +145,7 @@ class WorkerSession:
         if tables is not None:
             self.rows = RowClient(tables, modules, self._first_params)
             numel = tables.dense(numel)
+            self.rng_point()
         skip = self.rows.param_ids if self.rows else None
         self.flat = FlatModel(model, self.grad_buffer(numel), skip)
         self.norm_layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
@@ -231,6 +233,18 @@ class WorkerSession:
 
     def step(self) -> int:
         return self.steps
+
+    def rng_point(self) -> None:
+        """torch's generator where the describe run's stood at this point of the
+        function (after a ``tables_on_ps`` call; at ``prepare`` of a model with
+        PS-held tables). A worker's table allocates nothing, so it draws no initial
+        values (nor do the loop's own inits of it): what the loop draws after it
+        (its data, a later layer's buffer) would differ from one process's."""
+        states, i = self.program.rng_states, self.rng_points
+        if i >= len(states):
+            raise ProgramError("this worker's function builds its model otherwise than the describe run's did")
+        torch.set_rng_state(torch.frombuffer(bytearray(states[i]), dtype=torch.uint8))
+        self.rng_points += 1
 
     # -- the step boundary ------------------------------------------------------------
     def optimizer_step(self, closure: Callable[[], Any] | None) -> None:
