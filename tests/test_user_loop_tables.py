@@ -17,6 +17,7 @@ import torch
 import elasticps.torch as ept
 from elasticps import ProgramError, load_program
 from elasticps.loop import api
+from elasticps.loop.embedding import RowClient, tables_of
 from elasticps.loop.rows import RowPush, Table, Tables, read_rows, sum_pushes
 from elasticps.runtime import relative_error
 from elasticps.runtime.flat import shard_bounds
@@ -215,6 +216,27 @@ def test_a_table_the_ps_holds_with_tied_weights_is_refused_at_prepare():
         _tied_loop(lambda: ept.tables_on_ps(Tied))
     model = Tied()  # a table each worker holds may be tied
     ept.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_a_worker_lookup_refuses_ids_one_process_refuses_before_reading_any_row():
+    with api.active(InWorker()):
+        model = ept.tables_on_ps(lambda: torch.nn.Sequential(torch.nn.Embedding(10, 2), torch.nn.Embedding(5, 2)))
+    tables, modules = tables_of(model)
+    reads = []
+    RowClient(tables, modules, lambda: reads.append("params"))  # a worker's, before its first pull
+    # an id past a table's end would read the next table's rows; a float id would be truncated to a row
+    for ids, error, match in [
+        ([3, 10], IndexError, "index out of range in an elasticps.torch.Embedding of 10 rows"),
+        ([-1], IndexError, "index out of range"),
+        ([1.7], RuntimeError, "scalar types: Long, Int; but got torch.FloatTensor"),
+        ([True], RuntimeError, "scalar types: Long, Int; but got torch.BoolTensor"),
+    ]:
+        with pytest.raises(error, match=match):
+            model[0](torch.tensor(ids))
+        if error is RuntimeError:  # torch's own words in one process
+            with pytest.raises(error, match="scalar types: Long, Int"):
+                torch.nn.Embedding(10, 2)(torch.tensor(ids))
+    assert reads == []
 
 
 def test_peak_rss_reads_the_high_water_mark_of_a_commands_processes():

@@ -171,6 +171,11 @@ class RowClient:
         return out
 
     def lookup(self, module: Embedding, input: torch.Tensor) -> torch.Tensor:
+        if input.dtype not in (torch.int64, torch.int32):  # as torch's embedding: no row is read for a float
+            raise RuntimeError(
+                "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; "
+                f"but got {input.type()} instead (an elasticps.torch.Embedding)"
+            )
         ids, inverse = torch.unique(input.reshape(-1), return_inverse=True)
         if len(ids) and (int(ids[0]) < 0 or int(ids[-1]) >= module.num_embeddings):
             raise IndexError(f"index out of range in an elasticps.torch.Embedding of {module.num_embeddings} rows")
