@@ -5,7 +5,9 @@ real Ray cluster, what a worker holds, and what is refused."""
 
 from __future__ import annotations
 
+import copy
 import functools
+import pickle
 import sys
 import threading
 
@@ -237,6 +239,26 @@ def test_a_worker_lookup_refuses_ids_one_process_refuses_before_reading_any_row(
             with pytest.raises(error, match="scalar types: Long, Int"):
                 torch.nn.Embedding(10, 2)(torch.tensor(ids))
     assert reads == []
+
+
+def test_a_copy_of_a_worker_s_table_is_refused_and_one_process_copies_as_torch_does():
+    # an EMA or AveragedModel deep-copies the model: a worker has no values of the table to copy (a copy
+    # sharing the prepared table's reads would evaluate the live rows, not an average)
+    def build():
+        return ept.tables_on_ps(lambda: torch.nn.Sequential(torch.nn.Embedding(10, 2), torch.nn.Linear(2, 2)))
+
+    with api.active(InWorker()):
+        model = build()
+    tables, modules = tables_of(model)
+    RowClient(tables, modules, lambda: None)
+    with pytest.raises(ProgramError, match="a copy of a table the PS holds \\(copy.deepcopy"):
+        copy.deepcopy(model)
+    with pytest.raises(ProgramError, match="a copy of a table the PS holds"):
+        pickle.dumps(model[0])
+    model = build()  # in one process
+    twin = copy.deepcopy(model)
+    assert type(twin[0]) is ept.Embedding and torch.equal(twin[0].weight, model[0].weight)
+    assert twin[0].weight is not model[0].weight
 
 
 def test_peak_rss_reads_the_high_water_mark_of_a_commands_processes():

@@ -72,6 +72,17 @@ class Embedding(torch.nn.Embedding):
             return self
         return super()._apply(fn, recurse)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (``copy.deepcopy``, pickle) of a worker's table is refused: it holds no values."""
+        if self.weight.device.type == "meta":
+            raise ProgramError(
+                "a copy of a table the PS holds (copy.deepcopy of the model: an EMA, an AveragedModel?): a worker "
+                "has no values of it to copy, and a copy reading the PS's rows would not be a copy; copy the "
+                "dense layers only, or leave the table with the workers (torch.nn.Embedding; tables_on_ps's "
+                "min_rows)"
+            )
+        return super().__getstate__()
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.rows is None:
             return super().forward(input)
