@@ -241,6 +241,13 @@ def test_a_worker_lookup_refuses_ids_one_process_refuses_before_reading_any_row(
     assert reads == []
 
 
+def test_a_worker_s_table_used_before_prepare_says_so():
+    with api.active(InWorker()):
+        model = ept.tables_on_ps(lambda: torch.nn.Sequential(torch.nn.Embedding(10, 2), torch.nn.Linear(2, 2)))
+    with pytest.raises(ProgramError, match="read before elasticps.torch.prepare"):
+        model(torch.tensor([1, 2]))
+
+
 def test_a_copy_of_a_worker_s_table_is_refused_and_one_process_copies_as_torch_does():
     # an EMA or AveragedModel deep-copies the model: a worker has no values of the table to copy (a copy
     # sharing the prepared table's reads would evaluate the live rows, not an average)

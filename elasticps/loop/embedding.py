@@ -85,6 +85,12 @@ class Embedding(torch.nn.Embedding):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.rows is None:
+            if self.weight.device.type == "meta":
+                raise ProgramError(
+                    "a table the PS holds was read before elasticps.torch.prepare(model, optimizer): in a job's "
+                    "worker its rows come from the PS shards, which hold the model once it is prepared; use the "
+                    "model after prepare"
+                )
             return super().forward(input)
         return self.rows.lookup(self, input)
 
