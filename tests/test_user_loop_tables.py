@@ -1,7 +1,8 @@
-"""Embedding tables the PS holds and no worker does (elasticps.torch.Embedding):
-the cut of the flat vector, rows read and gradients summed across shard
-boundaries, a loop through live rescales and faults against one process on a
-real Ray cluster, what a worker holds, and what is refused."""
+"""Embedding tables the PS holds and no worker does (elasticps.torch.Embedding,
+and an unedited model built by elasticps.torch.tables_on_ps): the cut of the
+flat vector, rows read and gradients summed across shard boundaries, a loop
+through live rescales and faults against one process on a real Ray cluster,
+what a worker holds, and what is refused."""
 
 from __future__ import annotations
 
