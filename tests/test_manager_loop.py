@@ -11,12 +11,14 @@ from elasticps import ProgramError
 from elasticps.manager import Store, parse_spec
 from elasticps.manager.service import Manager
 
+# 80 epochs of digits (28 s here, growth included): a grown job's new PS takes ~6 s to start on this
+# 2-core machine, and with 40 epochs a job once ended 6 s after the round that grew it, nothing applied.
 SPEC = """
 name: {name}
 program: elasticps.examples.digits:program
 ps: {{min: 1, max: 2, cpu: 0.5}}
 workers: {{min: 1, max: 3, cpu: 0.5}}
-args: {{epochs: 40}}
+args: {{epochs: 80}}
 """
 
 
@@ -27,7 +29,7 @@ def test_jobs_are_started_observed_resized_and_finished(ray_local, tmp_path):
         manager.submit(parse_spec(SPEC.format(name="bad").replace("elasticps.examples.digits", "no.such")))
     # resolved in a Ray process, not here: the factory's error comes back named, nothing is stored
     with pytest.raises(ProgramError, match="raised ValueError"):
-        manager.submit(parse_spec(SPEC.format(name="bad").replace("epochs: 40", "model: nope")))
+        manager.submit(parse_spec(SPEC.format(name="bad").replace("epochs: 80", "model: nope")))
     assert store.list_jobs() == []
     for name in ("a", "b"):
         manager.submit(parse_spec(SPEC.format(name=name)))
