@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
 from elasticps import load_program
 from elasticps.bench.peers import report
 from elasticps.bench.peers import run as peers
+from elasticps.bench.peers.common import cpu_seconds
 from elasticps.bench.peers.resize import Timeline, change_costs, summarize
 from elasticps.bench.peers.workloads import Workload
 from elasticps.runtime.flat import flat_params
@@ -44,6 +48,24 @@ def test_a_live_switch_loses_nothing_and_a_shrink_counts_against_the_new_rate():
     assert grow["samples_lost"] == 0 and grow["seconds_to_full_speed"] == pytest.approx(0.1)
     assert shrink["samples_lost"] == pytest.approx(100 * 3.1 - 10, rel=0.02)
     assert summarize(tl)["samples_lost"] == pytest.approx((100 * 3.1 - 10) / 2, rel=0.02)
+
+
+def test_the_cpu_new_processes_took_to_start_is_kept_with_its_change():
+    tl = Timeline("live")
+    _steady(tl, 0.0, 10.0, 100, 2)
+    tl.mark(10.0, 4)
+    tl.started(2.5)
+    _steady(tl, 10.0, 20.0, 200, 4)
+    tl.mark(20.0, 2)  # a shrink starts nothing
+    _steady(tl, 20.0, 30.0, 100, 2)
+    assert [c["start_cpu_s"] for c in change_costs(tl)] == [2.5, None]
+    assert tl.to_json()["start_cpu_s"] == [2.5, None]
+    before, t0 = cpu_seconds(os.getpid()), time.process_time()
+    while time.process_time() - t0 < 0.05:  # 50 ms of this process's CPU
+        pass
+    after = cpu_seconds(os.getpid())
+    assert before is not None and after is not None and after - before >= 0.03  # the kernel counts in 10 ms ticks
+    assert cpu_seconds(2**22 + 1) is None  # above Linux's largest pid: no such process
 
 
 def test_steps_redone_after_a_restart_are_not_progress():

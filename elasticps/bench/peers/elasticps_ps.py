@@ -6,7 +6,8 @@ whose embedding table the PS holds (a user's loop with
 ``elasticps.torch.Embedding``) in place of its TrainingProgram, where every
 worker pulls and pushes the whole table. Resize: a 1 x 2 job training in a
 thread, rescaled live to 1 x 4 and back (new workers start in the background;
-the switch happens at a step boundary), every step's time and samples kept.
+the switch happens at a step boundary), every step's time and samples kept,
+and the CPU time the new workers used until the switch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from elasticps.bench.peak_rss import peak_mib
-from elasticps.bench.peers.common import RunResult, comm_share, most
+from elasticps.bench.peers.common import RunResult, comm_share, cpu_seconds, most
 from elasticps.bench.peers.resize import Timeline
 from elasticps.bench.peers.workloads import Workload
 from elasticps.runtime import JobConfig, JobController, TaskResources
@@ -101,7 +102,11 @@ def resize(
             _sleep_training(job, hold_s)
             timeline.mark(time.monotonic(), workers)
             say(f"elasticps: rescale to 1 x {workers}")
+            running = {t.pid for t in job.ps + job.workers}
             job.wait_rescale(job.rescale(1, workers), timeout_s=600)
+            started = [cpu_seconds(t.pid) for t in job.ps + job.workers if t.pid not in running]
+            if started:  # processes of this machine (the run's one node): their start, up to the switch
+                timeline.started(sum(c for c in started if c is not None))
         _sleep_training(job, hold_s)
     finally:
         job.stop()

@@ -18,6 +18,11 @@ For a change asked at ``t_req`` (all figures from the timeline alone):
   rates between ``t_req`` and full speed, ``min(rate_before, rate_after) *
   seconds - samples trained``, at least 0. A live change that keeps training
   while new workers start loses nothing; a stop-and-restart loses its stall.
+
+A system that knows its new processes may also record ``start_cpu_s`` for a
+change: the CPU time they used from their start until they trained. Where
+they start on the cores the job trains on (one small machine), that time is
+taken from the job: it bounds what a change that starts them can save.
 """
 
 from __future__ import annotations
@@ -40,12 +45,17 @@ class Timeline:
     points: list[tuple[float, int, int, float]] = field(default_factory=list)  # (t, samples, workers, loss)
     changes: list[tuple[float, int]] = field(default_factory=list)  # (t asked, workers asked for)
     how: str = ""
+    start_cpu_s: dict[int, float] = field(default_factory=dict)  # change index: its new processes' CPU until they ran
 
     def add(self, t: float, samples: int, workers: int, loss: float = float("nan")) -> None:
         self.points.append((t, samples, workers, loss))
 
     def mark(self, t: float, workers: int) -> None:
         self.changes.append((t, workers))
+
+    def started(self, cpu_s: float) -> None:
+        """The newest change's new processes used ``cpu_s`` CPU seconds until they ran."""
+        self.start_cpu_s[len(self.changes) - 1] = cpu_s
 
     @classmethod
     def from_steps(cls, system: str, rows: list[tuple[float, int, int, float]], batch: int) -> Timeline:
@@ -73,6 +83,7 @@ class Timeline:
             "how": self.how,
             "changes": [[round(t - t0, 3), w] for t, w in self.changes],
             "steps": [[round(t - t0, 3), s, w] for t, s, w, _ in self.points],
+            "start_cpu_s": [_rounded(self.start_cpu_s.get(i)) for i in range(len(self.changes))],
         }
 
 
@@ -97,6 +108,7 @@ def change_costs(timeline: Timeline) -> list[dict[str, Any]]:
                 "rate_after": after,
                 "seconds_to_full_speed": t_full - t_req,
                 "samples_lost": max(0.0, ref * (t_full - t_req) - trained),
+                "start_cpu_s": timeline.start_cpu_s.get(i),
             }
         )
     return out
@@ -113,6 +125,10 @@ def summarize(timeline: Timeline) -> dict[str, Any]:
         "changes": costs,
         "how": timeline.how,
     }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
 
 
 def _first_at(timeline: Timeline, t_req: float, workers: int) -> float:
