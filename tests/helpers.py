@@ -91,6 +91,14 @@ def counted_digits(log_dir: str, picklable: bool = True):
     return data if picklable else _Locked(*data.tensors)
 
 
+def gated_mlp(gate: str):
+    """The digits MLP, built once no file ``gate`` exists (a factory for a
+    program's model: a task started while it exists waits in its constructor)."""
+    while os.path.exists(gate):
+        time.sleep(0.01)
+    return digits.mlp()
+
+
 def mount_tiny_tmpfs(path, size: str = "64k") -> bool:
     """Mount a tmpfs of ``size`` on ``path`` (a real full disk for a test); False
     where this machine does not let us mount (not root, no CAP_SYS_ADMIN)."""

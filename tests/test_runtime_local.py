@@ -15,7 +15,7 @@ import torch
 from elasticps import ConfigError, JobFailedError, PlacementError, ProgramError, TrainingProgram
 from elasticps.examples import digits
 from elasticps.runtime import relative_error, train_single_process
-from tests.helpers import counted_digits, kill_task, make_job, run_until_applied, wait_for
+from tests.helpers import counted_digits, gated_mlp, kill_task, make_job, run_until_applied, wait_for
 
 TOL = 1e-5
 
@@ -346,6 +346,40 @@ def test_new_workers_take_the_controllers_dataset_unless_it_cannot_be_shared(ray
     assert builds == (1 if shared else 1 + 3)  # the controller's, and one per worker unless shared
     cannot = [e for e in job.report().events if "cannot be shared" in e]
     assert len(cannot) == (1 if share and not picklable else 0)
+    ref = train_single_process(digits.program(epochs=50), max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
+def test_the_job_trains_on_while_a_grows_new_worker_is_still_starting(ray_local, tmp_path, monkeypatch):
+    # the new worker's constructor waits for a file to go: the steps meanwhile run at the old shape,
+    # and the switch comes at the first boundary after it runs (a launch starts tasks, never waits for them)
+    gate = tmp_path / "gate"
+    program = dataclasses.replace(digits.program(epochs=50), model=functools.partial(gated_mlp, str(gate)))
+    job = make_job(1, 1, program)
+    job.run(max_steps=2)
+    gate.touch()
+    request = job.rescale(1, 2)
+    calls = []  # (refs, timeout) of every wait and get of the loop meanwhile
+
+    def recorded(real, timeout_of):
+        def call(refs, *args, **kwargs):
+            calls.append((list(refs) if isinstance(refs, list) else [refs], timeout_of(kwargs)))
+            return real(refs, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(ray, "wait", recorded(ray.wait, lambda kwargs: kwargs.get("timeout")))
+    monkeypatch.setattr(ray, "get", recorded(ray.get, lambda kwargs: kwargs.get("timeout")))
+    job.run(max_steps=4)
+    monkeypatch.undo()
+    assert job.step == 6 and len(job.workers) == 1 and not job.report().rescales
+    [joiner] = job._rescale.pending.starting()
+    looks = [timeout for refs, timeout in calls if joiner.ready_ref in refs]
+    assert looks and all(t == 0 for t in looks)  # the loop looked whether it runs at every boundary, never waited
+    gate.unlink()
+    run_until_applied(job, request)
+    assert len(job.workers) == 2 and job.report().rescales[-1].at_step == 6
     ref = train_single_process(digits.program(epochs=50), max_steps=job.step)
     assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()
