@@ -19,6 +19,17 @@ observed step is compute and 30% PS traffic, traffic across nodes
 off by as much as the whole step. Directions the data do not pin down stay at
 the prior, with that prior's wide uncertainty.
 
+A fleet prior's curve (:meth:`SpeedModel.pooled`) is not its form alone: many
+jobs' reports of one shape measure the kind's speed there without the form's
+bias, where the form misses (on surfaces it was not made for, such as a
+measured grid). The spread of reports about their own shape's mean is the
+report noise (:attr:`SpeedModel.replicate_noise`); the residual noise beyond
+it is how far the form misses a shape's mean (its misfit). Where the kind
+measured a shape, its mean and the form are weighted by their precisions:
+the mean's, its count over the report noise squared; the form's, one over its
+misfit squared plus its uncertainty there. A form that fits (misfit near 0)
+keeps its word; one that misses gives way to the means.
+
 The fit's uncertainty (the covariance of the coefficients, with the
 observations' noise estimated from the residuals, never below
 :data:`NOISE_FLOOR`) decides exploration: :meth:`SpeedModel.probes` ranks the
@@ -49,6 +60,7 @@ MIN_GAIN = 0.02  # a probe must be able to beat the best speed seen by this much
 IDENTIFIED_SHAPES = 5  # distinct shapes a pooled model needs (and both kinds varied)
 PRIOR_PER_JOB = 20  # a fleet prior pools each job's newest observations, this many,
 PRIOR_TOTAL = 2000  # and the newest this many of those
+MIN_MISFIT = 0.01  # a fleet prior's form is taken to miss a shape's mean by at least this (relative)
 
 #: How many nodes a shape's tasks span once placed, for predictions.
 SpanFn = Callable[[int, int], int]
@@ -106,16 +118,19 @@ class SpeedModel:
         self.shapes: set[tuple[int, int]] = set()
         self.best_seen = 0.0  # the highest mean speed of one (shape, nodes) observed
         self.noise = NOISE_FLOOR
+        #: relative std of one observation about its own shape's mean (None: no shape observed twice)
+        self.replicate_noise: float | None = None
         self._seen: dict[tuple[int, int, int], float] = {}  # mean samples/s of each (p, w, nodes) observed
         self._seen_n: dict[tuple[int, int, int], int] = {}  # how many observations each mean is of
         self._probes: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
-        self._best_form: float | None = None
+        self._best_pooled: float | None = None
+        self._pooled: dict[tuple[int, int], tuple[float, float]] = {}  # (speed, relative std) of pooled()
 
     def with_span(self, span: SpanFn | None) -> SpeedModel:
         """The same fit, predicting for tasks that span ``span(p, w)`` nodes (a
         fleet prior judged for one job, whose tasks may be sized differently)."""
         other = copy.copy(self)
-        other.span, other._probes, other._best_form = span, {}, None
+        other.span, other._probes, other._best_pooled, other._pooled = span, {}, None, {}
         return other
 
     def _nodes(self, p: int, w: int) -> int:
@@ -163,10 +178,10 @@ class SpeedModel:
 
     def fit(self, observations: list[Observation]) -> SpeedModel:
         obs = [o for o in observations if o.samples_per_s > 0 and o.num_workers > 0]
-        self._probes, self._best_form = {}, None
+        self._probes, self._best_pooled, self._pooled = {}, None, {}
         if not obs:
             self.theta, self.cov, self.shapes, self.best_seen, self._seen = None, None, set(), 0.0, {}
-            self._seen_n = {}
+            self._seen_n, self.replicate_noise = {}, None
             return self
         rows = [self._key(o) for o in obs]
         steps = [key[3] / o.samples_per_s for key, o in zip(rows, obs, strict=True)]
@@ -207,6 +222,7 @@ class SpeedModel:
             resid = (step_of[ok] - fitted[ok]) / fitted[ok]  # each observation's relative miss of its fitted step
             noise = max(NOISE_FLOOR, math.sqrt(float(np.mean(np.square(resid)))) if resid.size else NOISE_FLOOR)
         self.theta, self.noise = theta, noise
+        self.replicate_noise = _replicate_noise(groups, rows, steps)
         self.cov = np.linalg.pinv(a.T @ a)
         # the best speed seen, at the model's batch: measured there, else the form's
         self.best_seen = max(
@@ -303,12 +319,32 @@ class SpeedModel:
         self._probes[key] = [cands[i] for i in order if optimistic[i] > bar]
         return self._probes[key][:count]
 
-    def best_form_measured(self) -> float:
-        """The fastest :meth:`form` among the shapes measured (what a shape far
+    def pooled(self, p: int, w: int) -> float:
+        """A fleet prior's curve at (p, w) (see the module's docstring): where
+        the kind measured the shape on the nodes it would span, its mean there
+        and the form, weighted by their precisions; elsewhere the form."""
+        return self._pooled_at(p, w)[0]
+
+    def pooled_sd(self, p: int, w: int) -> float:
+        """The relative std of :meth:`pooled` as the kind's mean speed at (p, w)."""
+        return self._pooled_at(p, w)[1]
+
+    def _pooled_at(self, p: int, w: int) -> tuple[float, float]:
+        if (p, w) not in self._pooled:
+            form, mean, sd = self.form(p, w), self.observed(p, w), self.relative_std(p, w)
+            rep = self.replicate_noise if self.replicate_noise is not None else self.noise
+            fitted = 1.0 / (max(self.noise**2 - rep**2, MIN_MISFIT**2) + sd**2)  # the form's precision
+            kind = self.observed_count(p, w) / rep**2 if mean is not None and form > 0 else 0.0
+            speed = (kind * mean + fitted * form) / (kind + fitted) if kind else form
+            self._pooled[(p, w)] = speed, 1.0 / math.sqrt(kind + fitted)
+        return self._pooled[(p, w)]
+
+    def best_pooled_measured(self) -> float:
+        """The fastest :meth:`pooled` among the shapes measured (what a shape far
         from them may count at most, :mod:`elasticps.sched.reach`)."""
-        if self._best_form is None:
-            self._best_form = max((self.form(p, w) for p, w in self.shapes), default=0.0)
-        return self._best_form
+        if self._best_pooled is None:
+            self._best_pooled = max((self.pooled(p, w) for p, w in self.shapes), default=0.0)
+        return self._best_pooled
 
     @property
     def identified(self) -> bool:
@@ -360,6 +396,19 @@ def fleet_prior(batch_size: int, observations: list[Observation], mode: str = "s
     observation of a shape counts: the cap that keeps one job's model on its
     latest reports would, on a pool, throw away what other jobs measured there."""
     return SpeedModel(batch_size, mode, weight_cap=None).fit(observations[-PRIOR_TOTAL:])
+
+
+def _replicate_noise(groups: dict[_Key, list[float]], rows: list[_Key], steps: list[float]) -> float | None:
+    """The relative std of one observation about the mean of its own row (shape,
+    nodes, batch and traffic), from rows observed more than once (one degree of
+    freedom each spent on its mean), at least :data:`NOISE_FLOOR`; None if no
+    row was observed twice."""
+    means = {k: float(np.mean(g)) for k, g in groups.items() if len(g) > 1}
+    dof = sum(len(groups[k]) - 1 for k in means)
+    if not dof:
+        return None
+    squares = sum(((t - means[k]) / means[k]) ** 2 for k, t in zip(rows, steps, strict=True) if k in means)
+    return max(NOISE_FLOOR, math.sqrt(squares / dof))
 
 
 class LossCurve:

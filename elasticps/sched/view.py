@@ -5,7 +5,9 @@ speed: one rule for the live manager and the simulator.
   :meth:`SpeedModel.probes`): any shape within its limits, judged by that model.
 - Not yet, but a fleet prior (a model fitted on jobs of the same kind) has
   seen enough shapes to tell its terms apart (:attr:`SpeedModel.identified`):
-  any shape, judged by the prior's curve at the job's own level (how much
+  any shape, judged by the prior's curve (:meth:`SpeedModel.pooled`: the
+  kind's mean where it measured the shape and its form disagree by more
+  than the reports vary, else the form) at the job's own level (how much
   faster or slower than its kind it ran where it ran), combined where the
   job has run a shape with its own mean there, each weighted by its
   precision (one noisy epoch does not outweigh what hundreds of the kind's
@@ -25,7 +27,7 @@ fitted form, else the prior's (:meth:`SpeedModel.batch_ratio`).
 Each plan also says how sure its speeds are (``ViewPlan.sd``, relative std):
 a job's own model, :meth:`SpeedModel.estimate_sd`; under a fleet prior, a
 shape the job ran has the precision of its own mean and the prior's
-together, and one it did not, the prior's fitted curve's.
+together, and one it did not, the prior's curve's (:meth:`SpeedModel.pooled_sd`).
 """
 
 from __future__ import annotations
@@ -88,27 +90,30 @@ class ViewPlan:
 
 
 def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
-    """The job is its kind, scaled: the prior's fitted form times how much
-    faster the job ran than the prior says at the shapes it has run (the
-    geometric mean of its own means over the prior's, weighted by count), so
-    that a job faster or slower than its kind is judged by its kind's curve
-    at its own level. Where the job has a mean, that mean and the scaled
-    prediction are weighted by their precisions: the own mean of n
-    observations by n / noise^2, the prediction as one more observation of
-    the prior's spread."""
-    logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.form(p, w)) > 0 and v > 0]
+    """The job is its kind, scaled: the prior's curve (:meth:`SpeedModel.pooled`)
+    times how much faster the job ran than that curve says at the shapes it
+    has run (the geometric mean of its own means over the curve's, weighted by
+    count), so that a job faster or slower than its kind is judged by its
+    kind's curve at its own level. Where the job has a mean, that mean and the
+    scaled prediction are weighted by their precisions: the own mean of n
+    observations by n / noise^2 (its noise at least the kind's report noise:
+    a job with a few reports cannot tell its own), the prediction as one more
+    report about the curve (its uncertainty and the report noise)."""
+    rep = prior.replicate_noise if prior.replicate_noise is not None else prior.noise
+    logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.pooled(p, w)) > 0 and v > 0]
     count = sum(n for n, _ in logs)
     scale = math.exp(sum(n * r for n, r in logs) / count) if count else 1.0
+    noise = max(model.noise, rep)
 
     def precisions(p: int, w: int) -> tuple[float, float]:
         """Of the job's own mean at (p, w), and of the prior's scaled prediction there."""
-        return model.observed_count(p, w) / model.noise**2, 1.0 / prior.spread(p, w) ** 2
+        return model.observed_count(p, w) / noise**2, 1.0 / (prior.pooled_sd(p, w) ** 2 + rep**2)
 
     # a shape far from all the job and its kind measured counts no faster than the fastest measured
     prior_guess = capped(
-        lambda p, w: scale * prior.form(p, w),
+        lambda p, w: scale * prior.pooled(p, w),
         near(frozenset(model.shapes | prior.shapes)),
-        max(scale * prior.best_form_measured(), model.best_seen),
+        max(scale * prior.best_pooled_measured(), model.best_seen),
     )
 
     def speed(p: int, w: int) -> float:
@@ -121,7 +126,7 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
 
     def sd(p: int, w: int) -> float:
         if model.observed(p, w) is None:
-            return min(prior.relative_std(p, w), MAX_RELATIVE_STD)
+            return min(prior.pooled_sd(p, w), MAX_RELATIVE_STD)
         own, other = precisions(p, w)
         return 1.0 / math.sqrt(own + other)
 
