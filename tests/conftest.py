@@ -19,7 +19,26 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 
 LOCAL_CPUS = 8
-_kept: dict[str, bool] = {"local": False}  # the embedded cluster of the last module was left running for the next
+CLUSTER_NODES, CLUSTER_NODE_CPUS, CLUSTER_HEAD_CPUS = 3, 4, 1
+SHARED = ("ray_cluster", "ray_local")  # the clusters a module may share with the next
+# a cluster of the last module left running for the next: its fixture's name -> what the fixture yields
+_kept: dict[str, object] = {}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Modules on the same shared cluster run one after another, so that one
+    start serves them all (a start costs seconds): first the modules on neither,
+    then those on ``ray_cluster``, then those on ``ray_local``, each group in the
+    order pytest collected it (a stable sort: a module's tests stay together and in order)."""
+    rank: dict[object, int] = {}
+    for item in items:
+        mine = max((1 + SHARED.index(f) for f in getattr(item, "fixturenames", ()) if f in SHARED), default=0)
+        rank[item.module] = max(rank.get(item.module, 0), mine)
+    items.sort(key=lambda item: rank[item.module])
+
+
+def _module_uses(items, module, fixture: str) -> bool:
+    return any(fixture in item.fixturenames for item in items if item.module is module)
 
 
 def _next_module_wants(request: pytest.FixtureRequest, fixture: str) -> bool:
@@ -27,14 +46,14 @@ def _next_module_wants(request: pytest.FixtureRequest, fixture: str) -> bool:
     items = request.session.items
     here = [i for i, item in enumerate(items) if item.module is request.module]
     after = items[here[-1] + 1] if here and here[-1] + 1 < len(items) else None
-    return after is not None and fixture in after.fixturenames
+    return after is not None and _module_uses(items, after.module, fixture)
 
 
-def _idle(ray, timeout_s: float = 5.0) -> bool:
+def _idle(ray, cpus: float, timeout_s: float = 5.0) -> bool:
     """Every CPU of the kept cluster free again (the last module's tasks are gone; Ray frees them asynchronously)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if ray.available_resources().get("CPU", 0.0) == LOCAL_CPUS:
+        if ray.available_resources().get("CPU", 0.0) == cpus:
             return True
         time.sleep(0.1)
     return False
@@ -44,19 +63,22 @@ def _idle(ray, timeout_s: float = 5.0) -> bool:
 def _no_kept_cluster_elsewhere(request):
     """A kept cluster is shut down before any module that does not take it over
     (the next one's tests may all have been skipped), and at the end."""
-    uses = any("ray_local" in item.fixturenames for item in request.session.items if item.module is request.module)
-    if _kept["local"] and not uses:
-        _shutdown_kept()
+    for fixture in list(_kept):
+        if not _module_uses(request.session.items, request.module, fixture):
+            _shutdown_kept(fixture)
     yield
-    if _kept["local"] and not _next_module_wants(request, "ray_local"):
-        _shutdown_kept()
+    for fixture in list(_kept):
+        if not _next_module_wants(request, fixture):
+            _shutdown_kept(fixture)
 
 
-def _shutdown_kept() -> None:
+def _shutdown_kept(fixture: str) -> None:
     import ray
 
-    _kept["local"] = False
+    kept = _kept.pop(fixture)
     ray.shutdown()
+    if fixture == "ray_cluster":
+        kept[0].shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -66,30 +88,52 @@ def ray_local(request):
     and it takes it over if every CPU is free again (else starts afresh)."""
     import ray
 
-    if not (_kept["local"] and ray.is_initialized() and _idle(ray)):
+    kept = _kept.pop("ray_local", None)
+    if not (kept and ray.is_initialized() and _idle(ray, LOCAL_CPUS)):
         if ray.is_initialized():
             ray.shutdown()
         ray.init(address="local", num_cpus=LOCAL_CPUS, include_dashboard=False, logging_level="ERROR")
-    _kept["local"] = False
     yield ray
     if _next_module_wants(request, "ray_local"):
-        _kept["local"] = True
+        _kept["ray_local"] = ray
     else:
         ray.shutdown()
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """A real multi-raylet Ray cluster on this machine: a head and three workers nodes."""
+def ray_cluster(request):
+    """A real multi-raylet Ray cluster on this machine: a head and three workers nodes.
+    Kept for the next module when it uses one too, and taken over there if every
+    node is still alive (a module may remove one) and every CPU is free again."""
+    import ray
+
+    kept = _kept.pop("ray_cluster", None)
+    cpus = CLUSTER_HEAD_CPUS + CLUSTER_NODES * CLUSTER_NODE_CPUS
+    if not (kept and ray.is_initialized() and _all_alive(ray, kept[1]) and _idle(ray, cpus)):
+        if ray.is_initialized():
+            ray.shutdown()
+        if kept:
+            kept[0].shutdown()
+        kept = _start_cluster()
+    yield kept
+    if _next_module_wants(request, "ray_cluster"):
+        _kept["ray_cluster"] = kept
+    else:
+        ray.shutdown()
+        kept[0].shutdown()
+
+
+def _start_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    nodes = [cluster.add_node(num_cpus=4) for _ in range(3)]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": CLUSTER_HEAD_CPUS, "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=CLUSTER_NODE_CPUS) for _ in range(CLUSTER_NODES)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="ERROR")
-    yield cluster, nodes
-    ray.shutdown()
-    cluster.shutdown()
+    return cluster, nodes
+
+
+def _all_alive(ray, nodes) -> bool:
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    return all(node.node_id in alive for node in nodes)
