@@ -66,8 +66,10 @@ class KubeCapacity:
             if not ev.wait(max(0.0, deadline - time.monotonic())):
                 raise TimeoutError(f"could not list {kind} within {timeout_s:g} s: {self.errors[-1:] or 'no answer'}")
 
-    def stop(self, timeout_s: float = 2.0) -> None:
-        """Stop watching. A watch blocked on the server ends by itself within
+    def stop(self, timeout_s: float = 0.2) -> None:
+        """Stop watching: each thread gets ``timeout_s`` to end (one between two
+        calls to the server does). A watch blocked on the server (the usual case:
+        waiting did nothing but add seconds) ends by itself within
         ``watch_timeout_s``; its daemon thread applies nothing after this."""
         self._stop.set()
         for t in self._threads:
