@@ -326,3 +326,37 @@ def test_job_speed_spread_makes_jobs_of_one_kind_differ_reproducibly():
     assert len(set(spread)) == 5 and spread == jcts(0.3)
     with pytest.raises(ConfigError, match="at least 0"):
         simulate(work, SimConfig(nodes=4, job_speed_spread=-0.1))
+
+
+def test_a_round_on_the_tenants_change_restarts_the_interval_as_the_live_manager_does(monkeypatch):
+    """Manager.run decides at once when other tenants take or free room, and its interval runs from that
+    round: the next full round comes a whole interval later. So does the simulator's."""
+    from elasticps.sim import engine
+
+    rounds: list[tuple[float, tuple[float, ...]]] = []  # (when, the tenants' CPUs per node then)
+    make_policy = engine.make_policy
+
+    def recording(*args, **kwargs):
+        policy = make_policy(*args, **kwargs)
+        decide = policy.decide
+
+        def decide_and_record(views, cluster, state):
+            if views:  # the lone job arrived at 0: its age is the clock
+                rounds.append((views[0].age_s, tuple(n.used_by_others.cpu for n in cluster.nodes)))
+            return decide(views, cluster, state)
+
+        monkeypatch.setattr(policy, "decide", decide_and_record)
+        return policy
+
+    monkeypatch.setattr(engine, "make_policy", recording)
+    job = WorkloadJob(id="a", arrival_s=0, kind="mlp-small", samples=2e8, static_ps=1, static_workers=2)
+    tick = 300.0
+    simulate([job], SimConfig(nodes=32, policy="static", interval_s=tick, tenant_change_s=500, event_rounds=False))
+    changes = [i for i in range(1, len(rounds)) if rounds[i][1] != rounds[i - 1][1]]
+    assert len(changes) >= 3, rounds  # the tenants changed, between the ticks
+    assert any(rounds[i][0] % tick for i in changes), rounds
+    for (t0, _), (t1, _), i in zip(rounds, rounds[1:], range(1, len(rounds)), strict=False):
+        if i not in changes:  # a tick: a whole interval after the round before it, whatever made that round
+            assert t1 - t0 == pytest.approx(tick), (i, rounds)
+        else:
+            assert t1 - t0 <= tick + 1e-6

@@ -17,9 +17,11 @@ refitted from those reports, as the live manager does. With ``fleet_prior``, a
 job whose own model is not yet confident is judged by a model fitted on the
 reports of every job of the same kind (the same model trained before), once
 that pooled model is confident; the ground truth is never used. Events: arrivals,
-completions, scheduling ticks, other tenants' load changing. As in the live
-manager, a full round decides at each tick and when the tenants' load
-changes, and a round that only starts waiting jobs runs at once when a job
+completions, reports, scheduling ticks, other tenants' load changing. As in
+the live manager (``Manager.run``), a full round decides at each tick and at
+once when the tenants' load changes, a round that restarts the interval (the
+next tick comes a whole interval after it; the reports keep their own
+interval), and a round that only starts waiting jobs runs at once when a job
 arrives or ends (:mod:`elasticps.sched.rounds`; ``event_rounds=False``: no such rounds).
 
 Work counts in samples at the kind's batch M0. A job with an adaptive batch
@@ -254,7 +256,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
     jobs: dict[str, _Job] = {}
     active: dict[str, _Job] = {}
     t = 0.0
-    next_tick = 0.0
+    next_tick = 0.0  # the next full round: every interval, restarted by a round on the tenants' change
+    next_report = 0.0  # the running jobs' next speed reports: every interval, whatever the rounds
     next_tenant = config.tenant_change_s if config.tenant_max_share > 0 else math.inf
     ai = 0
     decision_times: list[float] = []
@@ -313,8 +316,8 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
 
     priors: dict[tuple[str, float, float], SpeedModel] = {}  # a kind's model, for jobs of one task size
 
-    # A job's plan changes only when its model or its shape does: models are refitted at ticks (``fits``
-    # counts them), so the event rounds between two ticks reuse each job's plan and the speeds it worked out.
+    # A job's plan changes only when its model or its shape does: models are refitted at the reports (``fits``
+    # counts them), so the rounds between two reports reuse each job's plan and the speeds it worked out.
     plans: dict[str, tuple[tuple[int, tuple[int, int] | None], ViewPlan]] = {}
     fits = 0
 
@@ -409,7 +412,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
 
     while done < len(arrivals):
         # the next event
-        t_next = min(next_tick, next_tenant, arrivals[ai].arrival_s if ai < len(arrivals) else math.inf)
+        t_next = min(next_tick, next_report, next_tenant, arrivals[ai].arrival_s if ai < len(arrivals) else math.inf)
         for job in active.values():
             r = rates.get(job.spec.id, 0.0)
             if r > 0:
@@ -458,11 +461,11 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                 share = rng.uniform(0, config.tenant_max_share) if rng.random() < 0.5 else 0.0
                 tenant[n] = math.floor(share * config.node_cpu / 4) * 4
             next_tenant = t + rng.expovariate(1.0 / config.tenant_change_s)
-            schedule()  # room changed: decide now
-            events = False
+            next_tick = t  # room changed: a full round now, and the interval runs from it (Manager.run)
         if events and config.event_rounds and t < next_tick and done < len(arrivals):
             schedule(full=False)
-        if t >= next_tick:
+        if t >= next_report:
+            next_report = t + config.interval_s
             fits += 1
             for job in active.values():
                 speed = speeds.get(job.spec.id, 0.0)
@@ -481,6 +484,7 @@ def simulate(workload: list[WorkloadJob], config: SimConfig, progress: Any = Non
                 for name, obs in by_kind.items():
                     kind_models[name] = fleet_prior(KINDS[name].batch, obs)
                 priors.clear()
+        if t >= next_tick:
             schedule()
             util_series.append((t, used / avail if avail > 0 else 0.0))
             next_tick = t + config.interval_s
