@@ -8,7 +8,10 @@ stay those of single-process training."""
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
+import numpy as np
 import pytest
 import ray
 
@@ -16,6 +19,8 @@ from elasticps import JobFailedError, PlacementError
 from elasticps.examples import digits
 from elasticps.runtime import CheckpointStore, relative_error, tasks, train_single_process
 from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES
+from elasticps.runtime.shard_state import ShardState
+from elasticps.runtime.task_group import TaskGroup
 from tests.helpers import kill_before, kill_task, make_job, run_until_applied
 
 TOL = 1e-5
@@ -159,6 +164,44 @@ def test_a_checkpoint_whose_ps_keeps_dying_fails_the_job_with_the_reason(ray_loc
     events = job.report().events
     assert sum("the PS restored from the state gathered at step 0" in e for e in events) == MAX_READ_TRIES - 1
     job.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class _Shard:
+    """A PS shard that hands over its state and parameters, or (``hung``) never answers."""
+
+    def __init__(self, hung: bool) -> None:
+        self.hung = hung
+
+    def _answer(self, value):
+        while self.hung:  # a shard stuck in its own code (a hung node, a deadlock): Ray waits on it for ever
+            time.sleep(0.05)
+        return value
+
+    def get_state(self):
+        return self._answer(ShardState(np.zeros(2, np.float32)))
+
+    def params(self):
+        return self._answer(np.zeros(2, np.float32))
+
+
+def test_a_ps_shard_that_never_answers_fails_the_read_in_time_naming_it(ray_local):
+    """Reading the shards waits at most the group's timeout (the job's placement_timeout_s); the error
+    names the shard that did not answer, and is a Ray error, which the job recovers from as from a death."""
+    shards = [_Shard.remote(False), _Shard.remote(True)]
+    ray.get([h.__ray_ready__.remote() for h in shards], timeout=60)  # both run: only the hung one is late
+    group = TaskGroup(threading.RLock(), timeout_s=0.5)
+    group.ps = [tasks.Task("ps", h, "node", 0) for h in shards]
+    try:
+        for read, what in ((lambda: group.gather_state(3), "state"), (group.parameters, "parameters")):
+            with pytest.raises(
+                ray.exceptions.GetTimeoutError, match=rf"PS shard\(s\) ps-1 did not hand over their {what} within 0.5 s"
+            ):
+                read()
+        assert issubclass(ray.exceptions.GetTimeoutError, ray.exceptions.RayError)
+    finally:
+        for h in shards:
+            ray.kill(h)
 
 
 # ------------------------------------------------ a task killed while a rescale is switched in

@@ -424,7 +424,7 @@ def _fake_job(tmp_path, monkeypatch, ps: dict[str, list[float]], workers: list[s
         killed.append(handle.name)
         handle.dead = True
 
-    monkeypatch.setattr(task_group, "ray", SimpleNamespace(get=lambda refs: [r() for r in refs]))
+    monkeypatch.setattr(task_group, "ray", SimpleNamespace(get=lambda refs, timeout=None: [r() for r in refs]))
     monkeypatch.setattr(tasks, "is_alive", lambda handle, timeout_s: not handle.dead)
     monkeypatch.setattr(tasks, "kill", kill)
     monkeypatch.setattr(tasks, "retire", lambda handles: None)

@@ -55,7 +55,9 @@ class JobConfig:
             the end of epochs and of the job).
         report_interval_s: length of one aggregated progress window.
         placement_timeout_s: how long a task may wait for room on its node
-            before the request fails with :class:`PlacementError`.
+            before the request fails with :class:`PlacementError`; also how
+            long the PS shards may take to hand over or take in the model's
+            state (a checkpoint, a re-cut) before they count as failed.
         liveness_timeout_s: how long a task may take to answer a ping after a
             failure before it is declared dead.
         replace_dead_workers: start a replacement when a worker dies.

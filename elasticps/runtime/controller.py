@@ -100,7 +100,9 @@ class JobController:
         self._loop = user_loop.LoopState(self._lock, MAX_WINDOWS) if user_loop.is_loop(self.program) else None
         self._requests = Requests(Shape(num_ps, num_workers, dict(placement or {})), self._lock)
         self._progress = Progress(self.program, self._lock)
-        self._group = TaskGroup(self._lock, on_join=self._loop_join if self._loop else None)
+        self._group = TaskGroup(
+            self._lock, on_join=self._loop_join if self._loop else None, timeout_s=self.config.placement_timeout_s
+        )
         self._record = StepRecorder(self.program.name, self.config.report_interval_s, self._lock, on_window)
         hooks = JobHooks(self._event, self._flush_window, lambda: self._progress.step)
         self._rescale = Rescaler(self.program, self.config, self._group, self._requests, hooks)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import ray
+from ray.exceptions import GetTimeoutError
 
 from elasticps.runtime import tasks
 from elasticps.runtime.flat import shard_bounds
@@ -31,11 +32,21 @@ class TaskGroup:
     parameters for the next step (``bounds``: its flat range).
 
     ``on_join(workers)``: called with the workers an install adds, before it
-    changes anything (a user's loop snapshots the state they start from)."""
+    changes anything (a user's loop snapshots the state they start from).
+    ``timeout_s``: how long the shards may take to hand over or take in the
+    state or the parameters; one that does not answer in time fails the read
+    with :class:`~ray.exceptions.GetTimeoutError` naming it (a Ray error:
+    the job recovers as when a task dies)."""
 
-    def __init__(self, lock: threading.RLock, on_join: Callable[[list[tasks.Task]], None] | None = None) -> None:
+    def __init__(
+        self,
+        lock: threading.RLock,
+        on_join: Callable[[list[tasks.Task]], None] | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
         self.lock = lock  # the controller's: other threads read the lists under it
         self._on_join = on_join
+        self.timeout_s = timeout_s
         self.ps: list[tasks.Task] = []
         self.workers: list[tasks.Task] = []
         self.param_refs: list[Any] = []
@@ -59,7 +70,7 @@ class TaskGroup:
 
     def gather_state(self, step: int) -> ShardState:
         """The shards' whole state; ``step``: the job's step now (the state is kept for :meth:`state_at`)."""
-        state = concat_shards(ray.get([t.handle.get_state.remote() for t in self.ps]))
+        state = concat_shards(self._answers([t.handle.get_state.remote() for t in self.ps], "hand over their state"))
         self._state = (step, state)
         return state
 
@@ -76,7 +87,17 @@ class TaskGroup:
 
     def parameters(self) -> np.ndarray:
         """A copy of the current flat parameters, gathered from the PS shards."""
-        return np.concatenate(ray.get([t.handle.params.remote() for t in self.ps]))
+        return np.concatenate(self._answers([t.handle.params.remote() for t in self.ps], "hand over their parameters"))
+
+    def _answers(self, refs: list[Any], what: str) -> list[Any]:
+        """What the PS shards (``refs``: one call to each, slot by slot) answer,
+        waited for at most ``timeout_s``."""
+        try:
+            return ray.get(refs, timeout=self.timeout_s)
+        except GetTimeoutError as exc:
+            _, late = ray.wait(refs, num_returns=len(refs), timeout=0)
+            names = ", ".join(task_name("ps", i) for i, ref in enumerate(refs) if ref in late)
+            raise GetTimeoutError(f"PS shard(s) {names} did not {what} within {self.timeout_s:g} s") from exc
 
     def install(
         self,
@@ -99,7 +120,7 @@ class TaskGroup:
             refs = [
                 t.handle.set_state.remote(state.slice(lo, hi), step, lo) for t, (lo, hi) in zip(ps, bounds, strict=True)
             ]
-            ray.get(refs)
+            self._answers(refs, f"take in the state of step {step}")
             self.param_refs, self.bounds = refs, bounds
             self._state = (step, state)
         keep = {id(t.handle) for t in ps + workers}
