@@ -17,11 +17,11 @@ import ray
 
 from elasticps import JobFailedError, PlacementError
 from elasticps.examples import digits
-from elasticps.runtime import CheckpointStore, relative_error, tasks, train_single_process
+from elasticps.runtime import CheckpointStore, EpochReport, JobController, relative_error, tasks, train_single_process
 from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.task_group import TaskGroup
-from tests.helpers import kill_before, kill_task, make_job, run_until_applied
+from tests.helpers import kill_before, kill_task, make_config, make_job, run_until_applied
 
 TOL = 1e-5
 
@@ -68,9 +68,11 @@ def test_a_ps_killed_before_an_evaluation_or_the_final_checkpoint_goes_back_to_a
     # digits has 22 steps an epoch; checkpoints every 5 steps and at epoch 0's end. The PS
     # dies at step 22 before epoch 0's evaluation reads it: back to step 20, and epoch 0
     # ends again. Then it dies before the final checkpoint (step 44): back to step 42, and
-    # epoch 1 ends again. Each epoch is reported once.
+    # epoch 1 ends again. Each epoch is reported once, and told to on_epoch once.
     program = digits.program(epochs=2)
-    job = make_job(1, 1, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    told: list[EpochReport] = []
+    config = make_config(checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    job = JobController(program, config, 1, 1, on_epoch=told.append)
     kill_before(monkeypatch, job, "_evaluate", lambda params: job.ps[0].handle)
     job.run(max_steps=43)
     assert any(
@@ -81,6 +83,7 @@ def test_a_ps_killed_before_an_evaluation_or_the_final_checkpoint_goes_back_to_a
     assert any("1 PS shard(s) died; restored from checkpoint at step 42 (lost 2 steps)" in e for e in report.events)
     assert report.state == "finished" and report.step == 44
     assert [(e.epoch, e.step) for e in report.epoch_reports] == [(0, 22), (1, 44)]
+    assert [(e.epoch, e.step) for e in told] == [(0, 22), (1, 44)]  # epoch 1 ended twice, told once
     assert all(e.samples_per_s > 0 for e in report.epoch_reports)  # timed from their starts, not first ends
     assert CheckpointStore(tmp_path).latest().step == 44
     ref = train_single_process(program)

@@ -70,7 +70,17 @@ log = logging.getLogger("elasticps.runtime")
 
 
 class JobController:
-    """Runs one training job on Ray with a changeable number of PS and workers."""
+    """Runs one training job on Ray with a changeable number of PS and workers.
+
+    ``on_window(report)``: called with each progress window. ``on_epoch(report)``:
+    called once for each epoch this controller trains to its end, with that
+    epoch's :class:`EpochReport`, from the job's loop thread. An epoch that a
+    restore undoes (the job went back to a checkpoint taken before it ended)
+    is trained again but not reported again: the callback saw it already, and
+    in sync mode the redone epoch ends at the same parameters. The redone
+    epoch's report (its timing) replaces the first in
+    :attr:`JobReport.epoch_reports`.
+    """
 
     def __init__(
         self,
@@ -90,6 +100,7 @@ class JobController:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._on_epoch = on_epoch
+        self._epochs_told = -1  # the last epoch given to on_epoch: a redone epoch is not told again
         self.state = "created"
         self.error: str | None = None
         self.final_metric: float | None = None  # the metric of the final parameters, once finished
@@ -531,7 +542,8 @@ class JobController:
         p.start_epoch_clock(time.monotonic())
         metric_text = "" if report.metric is None else f", metric {report.metric:.4f}"
         log.info("%s epoch %d done: %.0f samples/s%s", self.program.name, epoch, report.samples_per_s, metric_text)
-        if self._on_epoch:
+        if self._on_epoch and epoch > self._epochs_told:
+            self._epochs_told = epoch
             self._on_epoch(report)
         if self._checkpoints.store and not p.done:
             self._checkpoint_now()
