@@ -25,7 +25,7 @@ from elasticps.manager.job_views import batch_sizes
 from elasticps.manager.runtime import ProgramInfo
 from elasticps.manager.spec import JobSpec
 from elasticps.manager.wire import answer, decode
-from elasticps.runtime import JobController, relative_error
+from elasticps.runtime import JobController, relative_error, steps
 from elasticps.runtime.data import DataPosition, GlobalBatches
 from elasticps.runtime.flat import flat_params
 from elasticps.runtime.reports import noise_scale
@@ -133,9 +133,19 @@ def _sqnorm(model: torch.nn.Module, idx: np.ndarray) -> float:
     return float(sum((g.double() ** 2).sum() for g in grads))
 
 
-def test_the_noise_scale_of_a_loop_is_measured_with_several_workers_and_not_with_one(ray_local):
+def test_the_noise_scale_of_a_loop_is_measured_with_several_workers_and_not_with_one(ray_local, monkeypatch):
     fn = functools.partial(loops.scheduled_mlp, epochs=2, max_batch_size=128)
     model = load_program(fn).model  # the initial parameters, from a describe run of its own
+    measured: list[int] = []  # the steps whose shards were asked for the gradient's norm
+    sync_step = steps.sync_step
+
+    def recording(group, step, *args, **kwargs):
+        result = sync_step(group, step, *args, **kwargs)
+        if any(info and "grad_sqnorm" in info for info in result.infos):
+            measured.append(step)
+        return result
+
+    monkeypatch.setattr(steps, "sync_step", recording)
     job = make_job(1, 3, fn, gns_every_steps=10)
     job.run(max_steps=5)  # steps 0..4 with 3 workers: measured at step 0 only
     run_until_applied(job, job.rescale(1, 1))
@@ -150,6 +160,7 @@ def test_the_noise_scale_of_a_loop_is_measured_with_several_workers_and_not_with
     first, second = report.epoch_reports
     assert first.noise_scale is not None and first.noise_scale == noise_scale([sample])
     assert second.noise_scale is None
+    assert measured == [0]  # one worker's share is the whole batch: its shards are not asked for a norm
     job.shutdown()
 
 

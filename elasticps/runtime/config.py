@@ -64,7 +64,8 @@ class JobConfig:
         shared_memory: ``sync`` only: tasks on the same node exchange gradients
             and parameters through shared memory instead of copies.
         gns_every_steps: measure the gradient noise scale every this many steps
-            (0: never). A measured step runs the local batch as two halves.
+            (0: never). A measured step runs the local batch as two halves;
+            a user's own loop is measured only with two workers or more.
         share_dataset: workers take the training set the controller built, from
             Ray's object store (one copy per node), instead of each building
             its own: a new worker starts sooner (the demo's digits CNN: see

@@ -489,7 +489,12 @@ class JobController:
             self._end_epoch(epoch)
 
     def _measure_gns(self) -> bool:
+        """Whether this step samples the gradient noise scale (every ``gns_every_steps``).
+        Never for a user's loop on one worker: its share is the whole batch, so
+        there is no small batch to compare with and the shards' norm would be thrown away."""
         every = self.config.gns_every_steps
+        if self._loop and len(self._group.workers) < 2:
+            return False
         return every > 0 and self._progress.step % every == 0
 
     # ---------------------------------------------------------- bookkeeping
