@@ -92,7 +92,7 @@ def _probe_for(chaos: Chaos, fault: str, seconds: float) -> float:
         r = _probe(chaos, fault, "POST", "/jobs", json=chaos.cfg.spec(name, chaos.count % 4))
         if r is not None and r.status_code == 201:
             chaos.ledger.submitted[name] = chaos.count % 4
-        time.sleep(1.0)
+        time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))  # not past the deadline: no probe follows
     return time.monotonic() - start
 
 
