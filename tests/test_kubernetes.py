@@ -33,8 +33,18 @@ def _tools() -> Path | None:
     return None
 
 
+@pytest.fixture(scope="session")
+def stopping():
+    """Commands still stopping what a module started, waited for at the end of the
+    session: the API server takes ~10 s to stop, and the modules after this one need not wait."""
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for proc in procs:
+        proc.wait(timeout=120)
+
+
 @pytest.fixture(scope="module")
-def kube():
+def kube(stopping):
     tools = _tools()
     home = Path(os.environ.get("K8S_HOME", Path.home() / ".cache" / "elasticps-k8s"))
     if tools is None or not (home / "bin" / "kube-apiserver").exists():
@@ -48,7 +58,7 @@ def kube():
     try:
         yield config.new_client_from_config(config_file=kubeconfig), kubeconfig
     finally:
-        subprocess.run([str(tools / "stop")], capture_output=True, check=False)
+        stopping.append(subprocess.Popen([str(tools / "stop")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 def _ns(api) -> str:
