@@ -332,12 +332,18 @@ class SpeedModel:
     def _pooled_at(self, p: int, w: int) -> tuple[float, float]:
         if (p, w) not in self._pooled:
             form, mean, sd = self.form(p, w), self.observed(p, w), self.relative_std(p, w)
-            rep = self.replicate_noise if self.replicate_noise is not None else self.noise
+            rep = self.report_noise
             fitted = 1.0 / (max(self.noise**2 - rep**2, MIN_MISFIT**2) + sd**2)  # the form's precision
             kind = self.observed_count(p, w) / rep**2 if mean is not None and form > 0 else 0.0
             speed = (kind * mean + fitted * form) / (kind + fitted) if kind else form
             self._pooled[(p, w)] = speed, 1.0 / math.sqrt(kind + fitted)
         return self._pooled[(p, w)]
+
+    @property
+    def report_noise(self) -> float:
+        """The relative std of one report about its shape's mean:
+        :attr:`replicate_noise` where a shape was reported twice, else the fit's noise."""
+        return self.replicate_noise if self.replicate_noise is not None else self.noise
 
     def best_pooled_measured(self) -> float:
         """The fastest :meth:`pooled` among the shapes measured (what a shape far

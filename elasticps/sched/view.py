@@ -99,7 +99,7 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
     observations by n / noise^2 (its noise at least the kind's report noise:
     a job with a few reports cannot tell its own), the prediction as one more
     report about the curve (its uncertainty and the report noise)."""
-    rep = prior.replicate_noise if prior.replicate_noise is not None else prior.noise
+    rep = prior.report_noise
     logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.pooled(p, w)) > 0 and v > 0]
     count = sum(n for n, _ in logs)
     scale = math.exp(sum(n * r for n, r in logs) / count) if count else 1.0
