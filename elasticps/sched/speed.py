@@ -222,7 +222,7 @@ class SpeedModel:
             resid = (step_of[ok] - fitted[ok]) / fitted[ok]  # each observation's relative miss of its fitted step
             noise = max(NOISE_FLOOR, math.sqrt(float(np.mean(np.square(resid)))) if resid.size else NOISE_FLOOR)
         self.theta, self.noise = theta, noise
-        self.replicate_noise = _replicate_noise(groups, rows, steps)
+        self.replicate_noise = _replicate_noise(groups)
         self.cov = np.linalg.pinv(a.T @ a)
         # the best speed seen, at the model's batch: measured there, else the form's
         self.best_seen = max(
@@ -404,16 +404,16 @@ def fleet_prior(batch_size: int, observations: list[Observation], mode: str = "s
     return SpeedModel(batch_size, mode, weight_cap=None).fit(observations[-PRIOR_TOTAL:])
 
 
-def _replicate_noise(groups: dict[_Key, list[float]], rows: list[_Key], steps: list[float]) -> float | None:
-    """The relative std of one observation about the mean of its own row (shape,
-    nodes, batch and traffic), from rows observed more than once (one degree of
-    freedom each spent on its mean), at least :data:`NOISE_FLOOR`; None if no
-    row was observed twice."""
-    means = {k: float(np.mean(g)) for k, g in groups.items() if len(g) > 1}
-    dof = sum(len(groups[k]) - 1 for k in means)
-    if not dof:
+def _replicate_noise(groups: dict[_Key, list[float]]) -> float | None:
+    """The relative std of one step time about the mean of its own row (shape,
+    nodes, batch and traffic: ``groups``), from rows observed more than once
+    (one degree of freedom each spent on its mean), at least
+    :data:`NOISE_FLOOR`; None if no row was observed twice."""
+    repeated = [np.asarray(g) for g in groups.values() if len(g) > 1]
+    if not repeated:
         return None
-    squares = sum(((t - means[k]) / means[k]) ** 2 for k, t in zip(rows, steps, strict=True) if k in means)
+    squares = sum(float(np.sum(np.square(g / g.mean() - 1.0))) for g in repeated)
+    dof = sum(len(g) - 1 for g in repeated)
     return max(NOISE_FLOOR, math.sqrt(squares / dof))
 
 
