@@ -141,6 +141,13 @@ def test_a_fleet_prior_knows_its_report_noise_from_repeated_shapes():
     assert SpeedModel(64).fit([Observation(2, 4, 100.0)]).replicate_noise is None  # nothing repeated
 
 
+def test_the_pooled_curve_where_nothing_is_known_is_no_speed_with_no_certainty():
+    prior = fleet_prior(64, _reports(_speed, [(p, w) for p in range(1, 5) for w in range(1, 9)], 0.14, 2))
+    for model, (p, w) in ((prior, (2, 0)), (SpeedModel(64), (2, 4))):  # no workers; nothing fitted
+        assert model.form(p, w) == 0.0
+        assert model.pooled(p, w) == 0.0 and model.pooled_sd(p, w) == math.inf
+
+
 def test_a_kind_whose_means_the_form_misses_is_judged_by_its_means():
     shapes = [(p, w) for p in range(1, 5) for w in range(1, 9)]
 

@@ -326,7 +326,8 @@ class SpeedModel:
         return self._pooled_at(p, w)[0]
 
     def pooled_sd(self, p: int, w: int) -> float:
-        """The relative std of :meth:`pooled` as the kind's mean speed at (p, w)."""
+        """The relative std of :meth:`pooled` as the kind's mean speed at (p, w)
+        (inf where nothing tells it: nothing fitted, or w < 1)."""
         return self._pooled_at(p, w)[1]
 
     def _pooled_at(self, p: int, w: int) -> tuple[float, float]:
@@ -336,7 +337,8 @@ class SpeedModel:
             fitted = 1.0 / (max(self.noise**2 - rep**2, MIN_MISFIT**2) + sd**2)  # the form's precision
             kind = self.observed_count(p, w) / rep**2 if mean is not None and form > 0 else 0.0
             speed = (kind * mean + fitted * form) / (kind + fitted) if kind else form
-            self._pooled[(p, w)] = speed, 1.0 / math.sqrt(kind + fitted)
+            precision = kind + fitted  # 0 where the form has no speed and the kind no mean
+            self._pooled[(p, w)] = speed, 1.0 / math.sqrt(precision) if precision > 0 else math.inf
         return self._pooled[(p, w)]
 
     @property
