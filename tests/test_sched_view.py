@@ -116,7 +116,7 @@ def test_a_fleet_prior_counts_every_report_and_judges_by_its_form():
     assert prior.predict(2, 5) > 1.05 * _speed(2, 5)  # its mean of the reports there
     assert prior.form(2, 5) == pytest.approx(_speed(2, 5), rel=0.01)  # the form, fitted on them all
     plan = plan_view(SpeedModel(64).fit([Observation(2, 4, _speed(2, 4))]), LIMITS, (2, 4), prior=prior)
-    assert plan.speed(2, 5) < 1.02 * _speed(2, 5)  # the bump was 10%
+    assert 0.99 * _speed(2, 5) < plan.speed(2, 5) < 1.02 * _speed(2, 5)  # the bump was 10%
 
 
 def test_a_far_unmeasured_shape_counts_no_faster_than_the_fastest_measured():
