@@ -12,7 +12,7 @@ import pytest
 
 from elasticps.bench import explore_bench, shapes_bench
 from elasticps.sched.synthetic import MODEL_KINDS
-from elasticps.sim.engine import spanned_speed
+from elasticps.sim.jobs import spanned_speed
 
 
 def _grid_file(tmp_path, kind, noise=0.05, seed=0):

@@ -184,7 +184,7 @@ def test_progress_is_one_line_per_tenth_when_not_a_terminal(capsys):
 def test_the_gpu_all_reduce_kind_dips_at_a_node_boundary_and_the_model_learns_it():
     from elasticps.sched import Observation, SpeedModel
     from elasticps.sched.synthetic import GPU_KINDS
-    from elasticps.sim.engine import spanned_speed
+    from elasticps.sim.jobs import spanned_speed
 
     kind = GPU_KINDS[0]
 
@@ -331,10 +331,10 @@ def test_job_speed_spread_makes_jobs_of_one_kind_differ_reproducibly():
 def test_a_round_on_the_tenants_change_restarts_the_interval_as_the_live_manager_does(monkeypatch):
     """Manager.run decides at once when other tenants take or free room, and its interval runs from that
     round: the next full round comes a whole interval later. So does the simulator's."""
-    from elasticps.sim import engine
+    from elasticps.sim import scheduling
 
     rounds: list[tuple[float, tuple[float, ...]]] = []  # (when, the tenants' CPUs per node then)
-    make_policy = engine.make_policy
+    make_policy = scheduling.make_policy
 
     def recording(*args, **kwargs):
         policy = make_policy(*args, **kwargs)
@@ -348,7 +348,7 @@ def test_a_round_on_the_tenants_change_restarts_the_interval_as_the_live_manager
         monkeypatch.setattr(policy, "decide", decide_and_record)
         return policy
 
-    monkeypatch.setattr(engine, "make_policy", recording)
+    monkeypatch.setattr(scheduling, "make_policy", recording)
     job = WorkloadJob(id="a", arrival_s=0, kind="mlp-small", samples=2e8, static_ps=1, static_workers=2)
     tick = 300.0
     simulate([job], SimConfig(nodes=32, policy="static", interval_s=tick, tenant_change_s=500, event_rounds=False))

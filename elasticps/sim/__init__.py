@@ -1,7 +1,9 @@
 """A discrete-event simulator that drives the same policy and placement code as
 the live manager, on a modelled cluster."""
 
-from elasticps.sim.engine import ORACLE, SimConfig, SimResult, gain_captured, simulate
+from elasticps.sim.config import ORACLE, SimConfig
+from elasticps.sim.engine import simulate
+from elasticps.sim.results import SimResult, gain_captured
 from elasticps.sim.traces import load_trace_csv, trace_workload
 from elasticps.sim.workload import WorkloadJob, load_workload, synthetic_workload
 

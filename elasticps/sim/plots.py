@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elasticps.sim.engine import SimResult
+from elasticps.sim.results import SimResult
 
 
 def write_plots(results: dict[str, SimResult], directory: str | Path, max_jobs: int = 12) -> list[Path]:

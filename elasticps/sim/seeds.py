@@ -18,7 +18,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from elasticps.sim.engine import ORACLE, SimResult, gain_captured
+from elasticps.sim.config import ORACLE
+from elasticps.sim.results import SimResult, gain_captured
 
 #: Metrics summarized by their mean and their worst (largest) seed, where every run has them.
 WORST_OF = ("avg_jct_s", "p99_jct_s", "makespan_s", "lower_bound_s", "gap_to_bound")
