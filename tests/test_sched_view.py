@@ -7,7 +7,8 @@ import math
 import pytest
 
 from elasticps.sched import Observation, SpeedModel
-from elasticps.sched.speed import MIN_MISFIT, PRIOR_TOTAL, fleet_prior
+from elasticps.sched.pooling import MIN_MISFIT, PRIOR_TOTAL
+from elasticps.sched.speed import fleet_prior
 from elasticps.sched.view import ShapeLimits, plan_view
 
 LIMITS = ShapeLimits(1, 4, 1, 8)

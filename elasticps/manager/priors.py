@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from elasticps.manager.states import ENDED, JobState
 from elasticps.manager.store import JobRecord, Store
 from elasticps.sched import Observation, SpeedModel
-from elasticps.sched.speed import PRIOR_PER_JOB, PRIOR_TOTAL, fleet_prior
+from elasticps.sched.pooling import PRIOR_PER_JOB, PRIOR_TOTAL
+from elasticps.sched.speed import fleet_prior
 
 
 def kind_of(rec: JobRecord) -> tuple:

@@ -19,16 +19,8 @@ observed step is compute and 30% PS traffic, traffic across nodes
 off by as much as the whole step. Directions the data do not pin down stay at
 the prior, with that prior's wide uncertainty.
 
-A fleet prior's curve (:meth:`SpeedModel.pooled`) is not its form alone: many
-jobs' reports of one shape measure the kind's speed there without the form's
-bias, where the form misses (on surfaces it was not made for, such as a
-measured grid). The spread of reports about their own shape's mean is the
-report noise (:attr:`SpeedModel.replicate_noise`); the residual noise beyond
-it is how far the form misses a shape's mean (its misfit). Where the kind
-measured a shape, its mean and the form are weighted by their precisions:
-the mean's, its count over the report noise squared; the form's, one over its
-misfit squared plus its uncertainty there. A form that fits (misfit near 0)
-keeps its word; one that misses gives way to the means.
+A fleet prior (:func:`fleet_prior`) is this model fitted on many jobs' reports
+of one kind; its pooled curve is :mod:`elasticps.sched.pooling`.
 
 The fit's uncertainty (the covariance of the coefficients, with the
 observations' noise estimated from the residuals, never below
@@ -50,6 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from elasticps.sched.pooling import PRIOR_TOTAL, PooledCurve
+
 COMPUTE_SHARE = 0.7
 CROSS_COST = 4.0  # prior: a byte between nodes costs this many times one within a node
 NOISE_FLOOR = 0.03  # relative std of one observation, at least
@@ -57,10 +51,6 @@ OPTIMISM = 1.5  # probes are ranked by predicted speed x (1 + OPTIMISM x relativ
 MAX_RELATIVE_STD = 1.0  # extrapolation far from the data counts no more optimistic than this
 WEIGHT_CAP = 10  # repeated observations of one shape weigh as at most this many
 MIN_GAIN = 0.02  # a probe must be able to beat the best speed seen by this much
-IDENTIFIED_SHAPES = 5  # distinct shapes a pooled model needs (and both kinds varied)
-PRIOR_PER_JOB = 20  # a fleet prior pools each job's newest observations, this many,
-PRIOR_TOTAL = 2000  # and the newest this many of those
-MIN_MISFIT = 0.01  # a fleet prior's form is taken to miss a shape's mean by at least this (relative)
 
 #: How many nodes a shape's tasks span once placed, for predictions.
 SpanFn = Callable[[int, int], int]
@@ -88,7 +78,7 @@ class Observation:
     cross: float | None = None
 
 
-class SpeedModel:
+class SpeedModel(PooledCurve):
     """``fit(observations)`` then ``predict(p, w)`` (samples/s); callable as ``model(p, w)``.
 
     ``span(p, w)``: the nodes a shape would span once placed (by default 1: the
@@ -319,53 +309,6 @@ class SpeedModel:
         self._probes[key] = [cands[i] for i in order if optimistic[i] > bar]
         return self._probes[key][:count]
 
-    def pooled(self, p: int, w: int) -> float:
-        """A fleet prior's curve at (p, w) (see the module's docstring): where
-        the kind measured the shape on the nodes it would span, its mean there
-        and the form, weighted by their precisions; elsewhere the form."""
-        return self._pooled_at(p, w)[0]
-
-    def pooled_sd(self, p: int, w: int) -> float:
-        """The relative std of :meth:`pooled` as the kind's mean speed at (p, w)
-        (inf where nothing tells it: nothing fitted, or w < 1)."""
-        return self._pooled_at(p, w)[1]
-
-    def _pooled_at(self, p: int, w: int) -> tuple[float, float]:
-        if (p, w) not in self._pooled:
-            form, mean, sd = self.form(p, w), self.observed(p, w), self.relative_std(p, w)
-            rep = self.report_noise
-            fitted = 1.0 / (max(self.noise**2 - rep**2, MIN_MISFIT**2) + sd**2)  # the form's precision
-            kind = self.observed_count(p, w) / rep**2 if mean is not None and form > 0 else 0.0
-            speed = (kind * mean + fitted * form) / (kind + fitted) if kind else form
-            precision = kind + fitted  # 0 where the form has no speed and the kind no mean
-            self._pooled[(p, w)] = speed, 1.0 / math.sqrt(precision) if precision > 0 else math.inf
-        return self._pooled[(p, w)]
-
-    @property
-    def report_noise(self) -> float:
-        """The relative std of one report about its shape's mean:
-        :attr:`replicate_noise` where a shape was reported twice, else the fit's noise."""
-        return self.replicate_noise if self.replicate_noise is not None else self.noise
-
-    def best_pooled_measured(self) -> float:
-        """The fastest :meth:`pooled` among the shapes measured (what a shape far
-        from them may count at most, :mod:`elasticps.sched.reach`)."""
-        if self._best_pooled is None:
-            self._best_pooled = max((self.pooled(p, w) for p, w in self.shapes), default=0.0)
-        return self._best_pooled
-
-    @property
-    def identified(self) -> bool:
-        """Enough distinct shapes, varying both kinds, to tell every term of the
-        form apart (what a fleet prior pooled over many jobs needs to be used).
-        A kind with no PS (all-reduce: p is always 0) varies only its workers."""
-        ps = {p for p, _ in self.shapes}
-        return (
-            len(self.shapes) >= IDENTIFIED_SHAPES
-            and (len(ps) > 1 or ps == {0})
-            and len({w for _, w in self.shapes}) > 1
-        )
-
     def observed(self, p: int, w: int) -> float | None:
         """The mean of the latest observations of (p, w) on the nodes it would span, if any."""
         return self._seen.get((p, w, self._nodes(p, w)))
@@ -417,49 +360,3 @@ def _replicate_noise(groups: dict[_Key, list[float]]) -> float | None:
     squares = sum(float(np.sum(np.square(g / g.mean() - 1.0))) for g in repeated)
     dof = sum(len(g) - 1 for g in repeated)
     return max(NOISE_FLOOR, math.sqrt(squares / dof))
-
-
-class LossCurve:
-    """``l(k) = 1 / (b0*k + b1) + b2`` over epochs k, for jobs with a loss target.
-
-    For a fixed b2 the curve is linear in (b0, b1) after ``1/(l - b2)``; b2 is
-    found by a grid search below the smallest observed loss.
-    """
-
-    def __init__(self) -> None:
-        self.b: tuple[float, float, float] | None = None
-
-    def fit(self, epochs: list[float], losses: list[float]) -> LossCurve:
-        k = np.asarray(epochs, dtype=float)
-        loss = np.asarray(losses, dtype=float)
-        if len(k) < 3:
-            self.b = None
-            return self
-        best = None
-        lo = float(loss.min())
-        for b2 in np.linspace(0.0, lo * 0.999, 200):
-            z = 1.0 / (loss - b2)
-            a = np.vstack([k, np.ones_like(k)]).T
-            (b0, b1), *_ = np.linalg.lstsq(a, z, rcond=None)
-            if b0 <= 0 or b1 <= 0:
-                continue
-            err = float(np.sum((1.0 / (b0 * k + b1) + b2 - loss) ** 2))
-            if best is None or err < best[0]:
-                best = (err, (float(b0), float(b1), float(b2)))
-        self.b = None if best is None else best[1]
-        return self
-
-    def predict(self, epoch: float) -> float:
-        if self.b is None:
-            return math.nan
-        b0, b1, b2 = self.b
-        return 1.0 / (b0 * epoch + b1) + b2
-
-    def epochs_to(self, target_loss: float) -> float:
-        """Epochs (from 0) until the loss reaches ``target_loss``; inf if never."""
-        if self.b is None:
-            return math.inf
-        b0, b1, b2 = self.b
-        if target_loss <= b2:
-            return math.inf
-        return max(0.0, (1.0 / (target_loss - b2) - b1) / b0)

@@ -18,8 +18,9 @@ from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyS
 from elasticps.sched.goodput import batch_candidates
 from elasticps.sched.objectives import batches_for
 from elasticps.sched.policies import make_policy, options_for
+from elasticps.sched.pooling import PRIOR_PER_JOB
 from elasticps.sched.rounds import admission_only, state_after
-from elasticps.sched.speed import PRIOR_PER_JOB, fleet_prior
+from elasticps.sched.speed import fleet_prior
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 from elasticps.sim.config import ORACLE, SimConfig, worker_resources
 from elasticps.sim.jobs import SimJob, oracle_speed, oracle_speed_at, span_of, true_speed
