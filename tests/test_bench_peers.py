@@ -11,9 +11,9 @@ import pytest
 from elasticps import load_program
 from elasticps.bench.peers import report
 from elasticps.bench.peers import run as peers
-from elasticps.bench.peers.common import cpu_seconds
 from elasticps.bench.peers.resize import Timeline, change_costs, summarize
 from elasticps.bench.peers.workloads import Workload
+from elasticps.bench.proc_stat import cpu_seconds
 from elasticps.runtime.flat import flat_params
 
 

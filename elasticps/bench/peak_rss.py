@@ -18,6 +18,8 @@ import os
 import subprocess
 import time
 
+from elasticps.bench.proc_stat import stat_fields
+
 
 def _parents() -> dict[int, list[int]]:
     """Every running process's children, by parent pid."""
@@ -25,12 +27,10 @@ def _parents() -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+        fields = stat_fields(entry)
+        if fields is None or len(fields) < 2 or not fields[1].isdigit():
             continue
-        kids.setdefault(ppid, []).append(int(entry))
+        kids.setdefault(int(fields[1]), []).append(int(entry))
     return kids
 
 

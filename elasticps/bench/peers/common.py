@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import statistics
 from dataclasses import dataclass, field
@@ -45,17 +44,6 @@ class RunResult:
         """The loss of the last steps is below that of the first ones."""
         k = max(1, len(self.losses) // 4)
         return len(self.losses) >= 2 and statistics.fmean(self.losses[-k:]) < statistics.fmean(self.losses[:k])
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """The CPU time (user + system) a process has used since it started, or
-    None if it has gone (Linux: ``/proc/PID/stat``)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def most(values: list[float | None]) -> float | None:

@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 
 from elasticps.bench.peak_rss import peak_mib
-from elasticps.bench.peers.common import RunResult, comm_share, cpu_seconds, most
+from elasticps.bench.peers.common import RunResult, comm_share, most
 from elasticps.bench.peers.resize import Timeline
 from elasticps.bench.peers.workloads import Workload
+from elasticps.bench.proc_stat import cpu_seconds
 from elasticps.runtime import JobConfig, JobController, TaskResources
 from elasticps.runtime.reports import WindowReport
 
