@@ -77,8 +77,35 @@ def _shutdown_kept(fixture: str) -> None:
 
     kept = _kept.pop(fixture)
     ray.shutdown()
+    _stop(fixture, kept)
+
+
+def _stop(fixture: str, kept) -> None:
+    """What else ends a kept cluster after ``ray.shutdown()``: the multi-raylet one's processes."""
     if fixture == "ray_cluster":
         kept[0].shutdown()
+
+
+def _shared(request, fixture: str, cpus: float, start, usable=lambda kept: True):
+    """The body of a module's cluster fixture: take over the cluster the last
+    module kept under ``fixture`` if ``usable`` and every one of its ``cpus`` is
+    free again, else ``start()`` one afresh; keep it for the next module when
+    that one uses ``fixture`` too, else shut it down."""
+    import ray
+
+    kept = _kept.pop(fixture, None)
+    if not (kept and ray.is_initialized() and usable(kept) and _idle(ray, cpus)):
+        if ray.is_initialized():
+            ray.shutdown()
+        if kept:
+            _stop(fixture, kept)
+        kept = start()
+    yield kept
+    if _next_module_wants(request, fixture):
+        _kept[fixture] = kept
+    else:
+        ray.shutdown()
+        _stop(fixture, kept)
 
 
 @pytest.fixture(scope="module")
@@ -86,18 +113,7 @@ def ray_local(request):
     """An embedded single-node Ray cluster with 8 logical CPUs. A start costs
     seconds, so when the next module uses one too the cluster is kept for it,
     and it takes it over if every CPU is free again (else starts afresh)."""
-    import ray
-
-    kept = _kept.pop("ray_local", None)
-    if not (kept and ray.is_initialized() and _idle(ray, LOCAL_CPUS)):
-        if ray.is_initialized():
-            ray.shutdown()
-        ray.init(address="local", num_cpus=LOCAL_CPUS, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    if _next_module_wants(request, "ray_local"):
-        _kept["ray_local"] = ray
-    else:
-        ray.shutdown()
+    yield from _shared(request, "ray_local", LOCAL_CPUS, _start_local)
 
 
 @pytest.fixture(scope="module")
@@ -105,22 +121,15 @@ def ray_cluster(request):
     """A real multi-raylet Ray cluster on this machine: a head and three workers nodes.
     Kept for the next module when it uses one too, and taken over there if every
     node is still alive (a module may remove one) and every CPU is free again."""
+    cpus = CLUSTER_HEAD_CPUS + CLUSTER_NODES * CLUSTER_NODE_CPUS
+    yield from _shared(request, "ray_cluster", cpus, _start_cluster, usable=lambda kept: _all_alive(kept[1]))
+
+
+def _start_local():
     import ray
 
-    kept = _kept.pop("ray_cluster", None)
-    cpus = CLUSTER_HEAD_CPUS + CLUSTER_NODES * CLUSTER_NODE_CPUS
-    if not (kept and ray.is_initialized() and _all_alive(ray, kept[1]) and _idle(ray, cpus)):
-        if ray.is_initialized():
-            ray.shutdown()
-        if kept:
-            kept[0].shutdown()
-        kept = _start_cluster()
-    yield kept
-    if _next_module_wants(request, "ray_cluster"):
-        _kept["ray_cluster"] = kept
-    else:
-        ray.shutdown()
-        kept[0].shutdown()
+    ray.init(address="local", num_cpus=LOCAL_CPUS, include_dashboard=False, logging_level="ERROR")
+    return ray
 
 
 def _start_cluster():
@@ -134,6 +143,8 @@ def _start_cluster():
     return cluster, nodes
 
 
-def _all_alive(ray, nodes) -> bool:
+def _all_alive(nodes) -> bool:
+    import ray
+
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     return all(node.node_id in alive for node in nodes)
