@@ -8,22 +8,34 @@ stay those of single-process training."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
+import torch
 
 from elasticps import JobFailedError, PlacementError
 from elasticps.examples import digits
-from elasticps.runtime import CheckpointStore, EpochReport, JobController, relative_error, tasks, train_single_process
+from elasticps.runtime import (
+    CheckpointStore,
+    EpochReport,
+    JobController,
+    relative_error,
+    tasks,
+    train_single_process,
+    user_loop,
+)
 from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.task_group import TaskGroup
-from tests.helpers import kill_before, kill_task, make_config, make_job, run_until_applied
+from tests.helpers import SMALL_TASKS, kill_before, kill_task, make_config, make_job, run_until_applied
 
 TOL = 1e-5
+SMALL = SMALL_TASKS["ps_resources"]
 
 
 def kill_after(monkeypatch, owner, method: str, victim, once: bool = True) -> None:
@@ -187,6 +199,9 @@ class _Shard:
     def params(self):
         return self._answer(np.zeros(2, np.float32))
 
+    def snapshot(self, *args):  # a user loop's worker whose code never comes back to its next batch
+        return self._answer({"state": None, "reports": []})
+
 
 def test_a_ps_shard_that_never_answers_fails_the_read_in_time_naming_it(ray_local):
     """Reading the shards waits at most the group's timeout (the job's placement_timeout_s); the error
@@ -205,6 +220,86 @@ def test_a_ps_shard_that_never_answers_fails_the_read_in_time_naming_it(ray_loca
     finally:
         for h in shards:
             ray.kill(h)
+
+
+def test_a_loop_whose_state_never_comes_fails_the_snapshot_in_time_and_is_stopped(ray_local):
+    """A user loop's snapshot waits at most step_timeout_s: the worker is taken for hung (stopped,
+    so that the recovery finds it dead) and the error names it."""
+    hung = _Shard.remote(True)
+    ray.get(hung.__ray_ready__.remote(), timeout=60)
+    with pytest.raises(
+        ray.exceptions.GetTimeoutError,
+        match=r"worker-0 did not hand over its loop's state at step 7 within 0.5 s \(step_timeout_s\); taken for hung",
+    ):
+        user_loop.snapshot(tasks.Task("worker", hung, "node", 0), [], [], 7, 1, timeout_s=0.5)
+    with pytest.raises(ray.exceptions.RayActorError):  # stopped
+        ray.get(hung.__ray_ready__.remote(), timeout=30)
+
+
+def test_a_task_waiting_on_a_hung_one_gives_up_in_time_and_stays_free(ray_local):
+    """A real PS shard waiting for a gradient, and a real worker for parameters, that never come
+    (a hung task's) fail the call within their wait_s (the job's step_timeout_s), and answer again."""
+    hung = _Shard.remote(True)
+    never = hung.params.remote()
+    program = digits.program()
+    ps = tasks.launch("ps", program, SMALL, 1, None, wait_s=0.5)
+    worker = tasks.launch("worker", program, SMALL, 1, None, wait_s=0.5)
+    try:
+        ray.get([ps.ready_ref, worker.ready_ref], timeout=60)
+        calls = [
+            (ps.handle.apply.remote(3, [never], False), r"the workers' gradients of step 3 did not come within 0.5 s"),
+            (worker.handle.step.remote(3, np.arange(4), [never], [(0, 2)], 4, 0), r"the shards' parameters did not"),
+        ]
+        for ref, message in calls:
+            with pytest.raises(ray.exceptions.RayTaskError, match=message):
+                ray.get(ref, timeout=60)
+        assert ray.get([ps.handle.ping.remote(), worker.handle.ping.remote()], timeout=10)  # free again
+    finally:
+        for h in (hung, ps.handle, worker.handle):
+            ray.kill(h)
+
+
+class _HangIn:
+    """A loss that hangs (for an hour: the test stops the worker) in the process whose pid is in ``flag``."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __call__(self, out, target):
+        flag = Path(self.flag)
+        if flag.is_file() and flag.read_text() == str(os.getpid()):
+            time.sleep(3600)
+        return torch.nn.functional.cross_entropy(out, target)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_worker_hung_in_a_step_is_taken_for_dead_and_the_job_goes_on(ray_local, tmp_path, mode):
+    """A step waits at most step_timeout_s: the worker that did not hand its gradient in is
+    stopped, named in an event, and the job recovers as from its death (sync: the step is redone
+    by the other worker, so the parameters stay single-process training's)."""
+    flag = tmp_path / "hang"
+    program = dataclasses.replace(digits.program(epochs=50), loss=_HangIn(str(flag)))
+    job = make_job(1, 2, program, mode=mode, step_timeout_s=5.0)
+    job.run(max_steps=2)
+    hung = job.workers[1]
+    flag.write_text(str(hung.pid))
+    try:
+        thread = job.run_in_thread(max_steps=3)
+        thread.join(120)
+        assert not thread.is_alive(), "the job still waits on the hung worker"
+        report = job.report()
+        assert report.state == "running", report.error
+        step = "its gradient of step 2" if mode == "sync" else "a step"
+        want = f"worker-1 did not hand in {step} within 5 s (step_timeout_s); taken for hung"
+        assert any(want in e for e in report.events), report.events
+        assert any("1 worker(s) died; continuing with 1" in e for e in report.events), report.events
+        assert [w.pid for w in job.workers] != [hung.pid] and len(job.workers) == 1 and job.step >= 5
+        if mode == "sync":
+            ref = train_single_process(program, max_steps=job.step)
+            assert job.step == 5 and relative_error(job.parameters(), ref.params) < TOL
+    finally:
+        tasks.kill(hung.handle)
+        job.shutdown()
 
 
 # ------------------------------------------------ a task killed while a rescale is switched in

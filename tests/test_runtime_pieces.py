@@ -3,6 +3,7 @@ the data position, the task lists (with fake tasks)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -595,3 +596,9 @@ def test_a_ps_dead_before_any_step_applied_is_restored_from_the_state_gathered_a
     assert job.rewound == [] and any("gathered at step 4 (no steps lost)" in e for e in job.events)
     group.stepped(["refs of step 5"])  # a step applied: the state of step 4 is stale
     assert group.state_at(4) is None and group.param_refs == ["refs of step 5"]
+
+
+@pytest.mark.parametrize("value", [0.0, -5.0, math.inf, math.nan])
+def test_a_step_timeout_is_refused_unless_positive_and_finite(value):
+    with pytest.raises(ConfigError, match="step_timeout_s must be > 0 and finite"):
+        JobConfig(step_timeout_s=value)

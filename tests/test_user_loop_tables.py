@@ -226,7 +226,7 @@ def test_a_worker_lookup_refuses_ids_one_process_refuses_before_reading_any_row(
         model = ept.tables_on_ps(lambda: torch.nn.Sequential(torch.nn.Embedding(10, 2), torch.nn.Embedding(5, 2)))
     tables, modules = tables_of(model)
     reads = []
-    RowClient(tables, modules, lambda: reads.append("params"))  # a worker's, before its first pull
+    RowClient(tables, modules, lambda: reads.append("params"), 60.0)  # a worker's, before its first pull
     # an id past a table's end would read the next table's rows; a float id would be truncated to a row
     for ids, error, match in [
         ([3, 10], IndexError, "index out of range in an elasticps.torch.Embedding of 10 rows"),
@@ -258,7 +258,7 @@ def test_a_copy_of_a_worker_s_table_is_refused_and_one_process_copies_as_torch_d
     with api.active(InWorker()):
         model = build()
     tables, modules = tables_of(model)
-    RowClient(tables, modules, lambda: None)
+    RowClient(tables, modules, lambda: None, 60.0)
     with pytest.raises(ProgramError, match="a copy of a table the PS holds \\(copy.deepcopy"):
         copy.deepcopy(model)
     with pytest.raises(ProgramError, match="a copy of a table the PS holds"):

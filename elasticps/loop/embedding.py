@@ -136,10 +136,19 @@ class RowClient:
     """A worker's side of its PS-held tables: which shard holds what (from each
     pull), the rows read for the current batch, and their gradients."""
 
-    def __init__(self, tables: Tables, modules: list[Embedding], first_params: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        tables: Tables,
+        modules: list[Embedding],
+        first_params: Callable[[], None],
+        wait_s: float,
+    ) -> None:
         """``first_params()`` waits for the job's parameters, which a read before
-        the loop's first batch needs (an evaluation before training)."""
+        the loop's first batch needs (an evaluation before training); ``wait_s``:
+        how long a read of a shard's rows may take (the job's ``step_timeout_s``:
+        a hung shard's read counts as lost)."""
         self.tables = tables
+        self.wait_s = wait_s
         self.first_params = first_params
         self.index = {id(m): i for i, m in enumerate(modules)}
         self.param_ids = {id(m.weight) for m in modules}
@@ -168,6 +177,8 @@ class RowClient:
         """Rows ``ids`` of table ``t``: one call to each shard that holds a part of them."""
         import ray  # a worker's: Ray is running there
 
+        from elasticps.runtime.bounded_get import get_within
+
         if not self.shards:  # no pull yet: which shards hold the table comes with the parameters
             self.first_params()
         table = self.tables.tables[t]
@@ -179,7 +190,7 @@ class RowClient:
                 calls.append((j, mine, shard.read_rows.remote(t, ids[mine], self.step)))
         for j, mine, ref in calls:
             try:
-                rows = ray.get(ref)
+                rows = get_within(ref, self.wait_s, f"rows of table {t} from PS shard ps-{j}")
             except ray.exceptions.RayError as exc:  # a shard died: the step will not stand
                 self.lost = self.lost or exc
                 continue

@@ -43,6 +43,7 @@ from elasticps.loop.api import DataLoader
 from elasticps.loop.embedding import RowClient, tables_of
 from elasticps.loop.local import check_prepare_args
 from elasticps.loop.program import LoopProgram, OptimizerLayout
+from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S
 from elasticps.runtime.flat import FlatModel
 
 UNKNOWN = object()  # where the next step is, before the first message
@@ -106,6 +107,7 @@ class WorkerSession:
     inbox: queue.Queue = field(default_factory=queue.Queue)
     outbox: queue.Queue = field(default_factory=queue.Queue)
     snapshots: queue.Queue = field(default_factory=queue.Queue)
+    wait_s: float = DEFAULT_STEP_TIMEOUT_S  # how long a read of PS-held rows waits (RowClient)
 
     def __post_init__(self) -> None:
         self.flat: FlatModel | None = None
@@ -143,7 +145,7 @@ class WorkerSession:
         if tables != self.program.tables:
             raise ProgramError("this worker's elasticps.torch.Embedding tables differ from those of the describe run")
         if tables is not None:
-            self.rows = RowClient(tables, modules, self._first_params)
+            self.rows = RowClient(tables, modules, self._first_params, self.wait_s)
             numel = tables.dense(numel)
             self.rng_point()
         skip = self.rows.param_ids if self.rows else None

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 from elasticps.errors import ConfigError
+
+#: How long one step may take before its late tasks are taken for hung (JobConfig.step_timeout_s).
+DEFAULT_STEP_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,14 @@ class JobConfig:
             state (a checkpoint, a re-cut) before they count as failed.
         liveness_timeout_s: how long a task may take to answer a ping after a
             failure before it is declared dead.
+        step_timeout_s: how long one step may take: its workers' gradients
+            and its shards' updates (an async step: one worker's), a user
+            loop's code between two steps (its evaluation at an epoch's end),
+            and a task's own wait for another's part of a step. A task that has
+            not answered by then is taken for hung: it is stopped and the job
+            recovers as when it dies (an event names it). A slow step is not a
+            hung one: set it well above the job's slowest step (the first
+            included); the default, 10 minutes, is for steps of seconds.
         replace_dead_workers: start a replacement when a worker dies.
         shared_memory: ``sync`` only: tasks on the same node exchange gradients
             and parameters through shared memory instead of copies.
@@ -82,6 +94,7 @@ class JobConfig:
     report_interval_s: float = 5.0
     placement_timeout_s: float = 60.0
     liveness_timeout_s: float = 10.0
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
     replace_dead_workers: bool = True
     gns_every_steps: int = 10
     shared_memory: bool = True
@@ -100,6 +113,6 @@ class JobConfig:
             raise ConfigError("gns_every_steps must be >= 0")
         if self.checkpoint_every_steps < 0:
             raise ConfigError("checkpoint_every_steps must be >= 0")
-        for name in ("report_interval_s", "placement_timeout_s", "liveness_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0")
+        for name in ("report_interval_s", "placement_timeout_s", "liveness_timeout_s", "step_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:  # Ray's waits take finite timeouts only
+                raise ConfigError(f"{name} must be > 0 and finite")

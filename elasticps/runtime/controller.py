@@ -108,7 +108,8 @@ class JobController:
         self._layout: Layout = []  # the model's parameters, names and shapes (known at start)
 
         # the user's own loop runs in the workers: what the controller keeps of it
-        self._loop = user_loop.LoopState(self._lock, MAX_WINDOWS) if user_loop.is_loop(self.program) else None
+        loop = user_loop.is_loop(self.program)
+        self._loop = user_loop.LoopState(self._lock, MAX_WINDOWS, self.config.step_timeout_s) if loop else None
         self._requests = Requests(Shape(num_ps, num_workers, dict(placement or {})), self._lock)
         self._progress = Progress(self.program, self._lock)
         self._group = TaskGroup(
@@ -417,7 +418,9 @@ class JobController:
         loop = (p.position.epoch, self._loop.joiners) if self._loop else None
         measure = self._measure_gns()
         t0 = time.perf_counter()
-        result = steps.sync_step(self._group, p.step, idx, upcoming, p.lr(), self.program.seed, measure, loop)
+        result = steps.sync_step(
+            self._group, p.step, idx, upcoming, p.lr(), self.program.seed, measure, loop, steps.Waits.of(self.config)
+        )
         if not result.complete:
             # No shard updated: redo the step. Some did: the PS state is torn.
             error = result.stats_error or result.apply_error
@@ -479,7 +482,7 @@ class JobController:
             keep_going,
             p.lr,
             self.config.max_staleness,
-            self.config.liveness_timeout_s,
+            steps.Waits.of(self.config),
             applied,
             discarded,
         )

@@ -25,6 +25,7 @@ from elasticps.errors import ProgramError
 from elasticps.loop.api import set_session
 from elasticps.loop.program import LoopProgram
 from elasticps.loop.worker_session import RELEASE, ParamsMessage, Released, StepMessage, WorkerSession
+from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S
 from elasticps.runtime.shm import OwnedVector, available
 from elasticps.runtime.worker_base import WorkerBase
 
@@ -82,11 +83,12 @@ class LoopWorker(WorkerBase):
         shared_memory: bool = True,
         cpu_limit: float | None = None,
         dataset: Any = None,
+        wait_s: float = DEFAULT_STEP_TIMEOUT_S,
     ) -> None:
-        super().__init__(threads, cpu_limit)
+        super().__init__(threads, cpu_limit, wait_s)
         self.program = program
         self._shared = shared_memory and available()
-        self.session = WorkerSession(program, self._grad_buffer)
+        self.session = WorkerSession(program, self._grad_buffer, wait_s=wait_s)
         set_session(self.session)
         _install_loss_hook(self.session)
         _install_clip_hook(self.session)

@@ -12,6 +12,8 @@ import torch
 
 from elasticps.loop.rows import DenseSlice, Tables, read_rows, sum_pushes
 from elasticps.program import TrainingProgram
+from elasticps.runtime.bounded_get import get_within
+from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S
 from elasticps.runtime.cpu_limit import CpuLimit
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.shm import Attachments, OwnedVector, ShmRef, available
@@ -32,12 +34,22 @@ class PSShard:
     A model with PS-held embedding tables (``program.tables``) pulls and
     pushes only its dense part and the rows a batch touches
     (:mod:`elasticps.loop.rows`); the shard still updates its whole range.
+
+    ``wait_s``: how long it waits for the gradients of a step and the other
+    shards' norms (the job's ``step_timeout_s``): a shard waiting on a hung
+    worker gives up rather than hang with it.
     """
 
     def __init__(
-        self, program: TrainingProgram, threads: int = 1, shared_memory: bool = True, cpu_limit: float | None = None
+        self,
+        program: TrainingProgram,
+        threads: int = 1,
+        shared_memory: bool = True,
+        cpu_limit: float | None = None,
+        wait_s: float = DEFAULT_STEP_TIMEOUT_S,
     ) -> None:
         torch.set_num_threads(max(1, threads))
+        self.wait_s = wait_s
         self.program = program
         self.cpu_limit = CpuLimit(cpu_limit)
         self.shared_memory = shared_memory and available()
@@ -143,13 +155,13 @@ class PSShard:
         :meth:`apply`; returns what every shard needs to clip by the norm of the
         whole gradient: this slice's part of the norm that the user loop's
         statistics ``lr`` ask for (``clip``), nothing when it does not clip."""
-        total, received_at = self._sum(grads)
+        total, received_at = self._sum(step, grads)
         self._summed = (step, total, received_at)
         clip = lr.get("clip") if isinstance(lr, dict) else None
         return {} if clip is None else norm_part(total, clip[1])
 
-    def _sum(self, grads: list[ray.ObjectRef]) -> tuple[np.ndarray, float]:
-        pushed = ray.get(grads)
+    def _sum(self, step: int, grads: list[ray.ObjectRef]) -> tuple[np.ndarray, float]:
+        pushed = get_within(grads, self.wait_s, f"the workers' gradients of step {step}")
         received_at = time.time()
         if self.tables:
             with self.cpu_limit.held():
@@ -201,11 +213,11 @@ class PSShard:
         own). The measured norm is the gradient's before any clipping.
         """
         if norms is not None:
-            norms = ray.get(list(norms))  # refs to every shard's reduce of this step
+            norms = get_within(list(norms), self.wait_s, f"the shards' norms of step {step}")  # their reduce's
             summed_step, total, received_at = self._summed
             assert summed_step == step, f"reduce of step {summed_step}, apply of step {step}"
         else:
-            total, received_at = self._sum(grads)
+            total, received_at = self._sum(step, grads)
         info = {"received_at": received_at}
         if measure:
             info["grad_sqnorm"] = float(np.dot(total, total))

@@ -193,6 +193,8 @@ class Recovery:
         """
         torn = "an update failed part-way (a worker's gradient was lost)"
         step = self._step()
+        if isinstance(exc, ray.exceptions.GetTimeoutError):  # the tasks it names were stopped: say why they died
+            self._event(error_text(exc))
         state = self.group.state_at(step)
         if state is not None and not self._loops_back(step):  # the loops cannot redo the step from there
             state = None

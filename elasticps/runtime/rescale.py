@@ -218,6 +218,7 @@ class Rescaler:
                         shared_memory=self.config.mode == "sync" and self.config.shared_memory,
                         dataset=self.dataset_ref,
                         name=task_name(kind, i),
+                        wait_s=self.config.step_timeout_s,
                     )
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:

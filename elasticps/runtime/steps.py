@@ -24,13 +24,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import ray
 
 from elasticps.runtime import tasks
+from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import split_evenly
+from elasticps.runtime.membership import task_name
 from elasticps.runtime.task_group import TaskGroup
 
 
@@ -39,17 +41,20 @@ def worker_seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 7919 + rank) % (2**63)
 
 
-def get_each(refs: list[Any]) -> tuple[list[Any], ray.exceptions.RayError | None]:
-    """Every value that arrived (None for the failed ones) and the first error."""
-    values: list[Any] = []
-    first: ray.exceptions.RayError | None = None
-    for ref in refs:
-        try:
-            values.append(ray.get(ref))
-        except ray.exceptions.RayError as exc:
-            values.append(None)
-            first = first or exc
-    return values, first
+@dataclass(frozen=True)
+class Waits:
+    """How long a step's calls may take (``step_s``: the job's
+    ``step_timeout_s``), and how long calls that waited on a task taken for
+    hung may then take to fail (``grace_s``: its ``liveness_timeout_s``).
+    A task that does not answer in time is killed and the step fails
+    (:func:`tasks.answers`): the job recovers as when it dies."""
+
+    step_s: float
+    grace_s: float
+
+    @classmethod
+    def of(cls, config: JobConfig) -> Waits:
+        return cls(config.step_timeout_s, config.liveness_timeout_s)
 
 
 @dataclass
@@ -86,6 +91,7 @@ def sync_step(
     seed: int,
     measure: bool,
     loop: tuple[int, dict[int, bytes | None]] | None = None,
+    waits: Waits | None = None,
 ) -> SyncResult:
     """One bulk-synchronous step on global batch ``idx``. Updates are submitted
     with the worker calls; each shard waits for the gradients itself, so a step
@@ -96,7 +102,13 @@ def sync_step(
     registered state for its first step})``: every worker's loop takes part,
     if only with a padding sample, the lr and other hyperparameters come from
     the first worker's optimizer, and ``lr`` is the factor the shards multiply
-    its lrs by (the adaptive batch's, :meth:`LoopProgram.lr_at`)."""
+    its lrs by (the adaptive batch's, :meth:`LoopProgram.lr_at`).
+
+    ``waits``: the step's calls are waited for at most ``waits.step_s``
+    (default: :class:`JobConfig`'s); the shards' updates, once a worker was
+    taken for hung, ``waits.grace_s`` more to fail on its lost gradient."""
+    waits = waits or Waits.of(JobConfig())
+    deadline = time.monotonic() + waits.step_s
     ps, workers = group.ps, group.workers
     nexts = split_evenly(upcoming, len(workers)) if upcoming is not None else [None] * len(workers)
     calls = []
@@ -120,12 +132,12 @@ def sync_step(
             nxt,
             **extra,
         )
-        calls.append((w, refs))
+        calls.append((rank, w, refs))
     factor: dict[str, float] = {}
     if loop is not None:  # the lr and other hyperparameters of the user's optimizer: from the first worker
         factor = {"lr_factor": lr}  # a float beside the stats ref, which Ray resolves as a top-level argument
-        lr = calls[0][1][0]
-    grads = [[refs[j + 1] for _, refs in calls] for j in range(len(ps))]
+        lr = calls[0][2][0]
+    grads = [[refs[j + 1] for _, _, refs in calls] for j in range(len(ps))]
     norms = None
     if loop is not None and len(ps) > 1:  # shards sum first and share their norms: a loop may clip globally
         norms = [p.handle.reduce.remote(step, g, lr) for p, g in zip(ps, grads, strict=True)]
@@ -142,9 +154,18 @@ def sync_step(
         )
         for j, p in enumerate(ps)
     ]
-    stats, stats_error = get_each([refs[0] for _, refs in calls])
-    infos, apply_error = get_each([a[0] for a in applies])
-    done = [(w, s) for (w, _), s in zip(calls, stats, strict=True) if s is not None]
+    within = f"within {waits.step_s:g} s (step_timeout_s)"
+    stats, stats_error = tasks.answers(
+        [(task_name("worker", rank), w.handle, refs[0]) for rank, w, refs in calls],
+        deadline - time.monotonic(),
+        f"hand in its gradient of step {step} {within}",
+    )
+    infos, apply_error = tasks.answers(
+        [(task_name("ps", j), p.handle, a[0]) for j, (p, a) in enumerate(zip(ps, applies, strict=True))],
+        max(deadline - time.monotonic(), waits.grace_s),
+        f"apply step {step} {within}",
+    )
+    done = [(w, s) for (_, w, _), s in zip(calls, stats, strict=True) if s is not None]
     return SyncResult(done, infos, [a[1] for a in applies], stats_error, apply_error)
 
 
@@ -156,6 +177,16 @@ class AsyncFailure:
     ps_inconsistent: bool
 
 
+class _InFlight(NamedTuple):
+    """An async step in flight: its worker, the refs it returns, the step its parameters are of, and when it left."""
+
+    rank: int
+    worker: tasks.Task
+    refs: list[Any]
+    version: int
+    t0: float
+
+
 def async_segment(
     group: TaskGroup,
     seed: int,
@@ -164,7 +195,7 @@ def async_segment(
     keep_going: Callable[[], bool],
     lr: Callable[[], float],
     max_staleness: int | None,
-    drain_timeout_s: float,
+    waits: Waits,
     applied: Callable[[dict[str, Any], list[dict[str, float]], tasks.Task, float], None],
     discarded: Callable[[int, int], None],
 ) -> AsyncFailure | None:
@@ -177,8 +208,11 @@ def async_segment(
     (``hand_out()``, which moves the data position) with the newest
     parameters. After a failure, the steps in flight are let finish and the
     failure is returned; samples that were in flight are not revisited (async
-    training is not exact anyway)."""
-    in_flight: dict[Any, tuple[int, tasks.Task, list[Any], int, float]] = {}
+    training is not exact anyway). A worker's step or the shards' update of
+    it that takes longer than ``waits.step_s`` is a failure too: the tasks
+    late are taken for hung (:func:`tasks.answers`); the others in flight get
+    ``waits.grace_s`` to finish."""
+    in_flight: dict[Any, _InFlight] = {}  # by the ref of its statistics
 
     def dispatch(rank: int, w: tasks.Task) -> None:
         idx = hand_out()
@@ -186,22 +220,37 @@ def async_segment(
         refs = w.handle.step.options(num_returns=len(group.ps) + 1).remote(
             at, idx, group.param_refs, group.bounds, len(idx), worker_seed(seed, at, rank)
         )
-        in_flight[refs[0]] = (rank, w, refs, at, time.perf_counter())
+        in_flight[refs[0]] = _InFlight(rank, w, refs, at, time.perf_counter())
 
     def drain() -> None:
         """Let in-flight steps finish (or fail) so that no one writes behind our back."""
         if in_flight:
-            ray.wait(list(in_flight), num_returns=len(in_flight), timeout=drain_timeout_s)
+            ray.wait(list(in_flight), num_returns=len(in_flight), timeout=waits.grace_s)
         in_flight.clear()
 
     for rank, w in enumerate(group.workers):
         if keep_going():
             dispatch(rank, w)
     while in_flight:
-        [done], _ = ray.wait(list(in_flight), num_returns=1)
-        rank, w, refs, version, t0 = in_flight.pop(done)
+        oldest = min(e.t0 for e in in_flight.values())
+        ready, _ = ray.wait(
+            list(in_flight), num_returns=1, timeout=max(0.0, oldest + waits.step_s - time.perf_counter())
+        )
+        if not ready:  # the oldest step ran out of time: it, and any as old, are taken for hung
+            now = time.perf_counter()
+            late = [(ref, e) for ref, e in in_flight.items() if e.t0 == oldest or now - e.t0 >= waits.step_s]
+            _, error = tasks.answers(
+                [(task_name("worker", e.rank), e.worker.handle, ref) for ref, e in late],
+                0.0,
+                f"hand in a step within {waits.step_s:g} s (step_timeout_s)",
+            )
+            if error is None:  # it came just now
+                continue
+            drain()
+            return AsyncFailure(error, ps_inconsistent=False)
+        rank, w, refs, version, t0 = in_flight.pop(ready[0])
         try:
-            stats = ray.get(done)
+            stats = ray.get(ready[0])
         except ray.exceptions.RayError as exc:
             drain()
             return AsyncFailure(exc, ps_inconsistent=False)
@@ -209,15 +258,18 @@ def async_segment(
         if max_staleness is not None and staleness > max_staleness:
             discarded(rank, staleness)
         else:
-            try:
-                applies = [
-                    p.handle.apply.options(num_returns=2).remote(step(), [refs[j + 1]], False, True, lr())
-                    for j, p in enumerate(group.ps)
-                ]
-                infos = ray.get([a[0] for a in applies])
-            except ray.exceptions.RayError as exc:
+            applies = [
+                p.handle.apply.options(num_returns=2).remote(step(), [refs[j + 1]], False, True, lr())
+                for j, p in enumerate(group.ps)
+            ]
+            infos, error = tasks.answers(
+                [(task_name("ps", j), p.handle, a[0]) for j, (p, a) in enumerate(zip(group.ps, applies, strict=True))],
+                waits.step_s,
+                f"apply an async step of {task_name('worker', rank)} within {waits.step_s:g} s (step_timeout_s)",
+            )
+            if error is not None:
                 drain()
-                return AsyncFailure(exc, ps_inconsistent=True)
+                return AsyncFailure(error, ps_inconsistent=True)
             group.stepped([a[1] for a in applies])
             applied(stats, infos, w, time.perf_counter() - t0)
         if keep_going():

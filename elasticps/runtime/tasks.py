@@ -13,7 +13,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from elasticps.errors import PlacementError
 from elasticps.program import TrainingProgram
 from elasticps.runtime import output
-from elasticps.runtime.config import TaskResources
+from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S, TaskResources
 from elasticps.runtime.output import TaskOutput
 from elasticps.runtime.ps import PSShard
 from elasticps.runtime.worker import Worker
@@ -107,17 +107,19 @@ def launch(
     shared_memory: bool = False,
     dataset: Any = None,
     name: str | None = None,
+    wait_s: float = DEFAULT_STEP_TIMEOUT_S,
 ) -> PendingTask:
     """Start an actor (pinned to ``node_id`` with hard affinity if given); do not wait.
     ``dataset``: a worker's training set (an object ref, see :func:`share_dataset`;
-    None: the worker builds it). ``name`` (``worker-1``) tags its output in its job's log."""
+    None: the worker builds it). ``name`` (``worker-1``) tags its output in its job's log.
+    ``wait_s``: how long the task waits for another's part of a step (the job's ``step_timeout_s``)."""
     options: dict[str, Any] = {"max_restarts": 0, **resources.ray_options()}
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     args: tuple[Any, ...] = (program, threads, shared_memory, resources.cpu_limit)
     if kind == "worker" and dataset is not None:
         args += (dataset,)
-    handle = _actor_class(kind, program).options(**options).remote(*args, output=output.for_task(name))
+    handle = _actor_class(kind, program).options(**options).remote(*args, output=output.for_task(name), wait_s=wait_s)
     return PendingTask(kind, handle, handle.ready.remote(), node_id, resources)
 
 
@@ -171,6 +173,35 @@ def all_ready(pending: list[PendingTask]) -> bool:
         return True
     _, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
     return not not_ready
+
+
+def answers(
+    calls: list[tuple[str, Any, Any]], timeout_s: float, what: str
+) -> tuple[list[Any], ray.exceptions.RayError | None]:
+    """What each call (``(task name, its handle, the ref of a call to it)``)
+    returned, waited for at most ``timeout_s`` in all: None where it failed or
+    did not answer in time, and the first error. A task that did not answer in
+    time is taken for hung and killed, so that the job's recovery finds it
+    dead; the error is then a :class:`~ray.exceptions.GetTimeoutError` that
+    names those tasks: ``worker-1 did not {what}; taken for hung``."""
+    refs = [ref for _, _, ref in calls]
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout_s)) if refs else ([], [])
+    late = set(pending)
+    first: ray.exceptions.RayError | None = None
+    if late:
+        for _, handle, ref in calls:
+            if ref in late:
+                kill(handle)
+        names = ", ".join(name for name, _, ref in calls if ref in late)
+        first = ray.exceptions.GetTimeoutError(f"{names} did not {what}; taken for hung")
+    values: list[Any] = []
+    for _, _, ref in calls:
+        try:
+            values.append(None if ref in late else ray.get(ref))
+        except ray.exceptions.RayError as exc:
+            values.append(None)
+            first = first or exc
+    return values, first
 
 
 def is_alive(handle: Any, timeout_s: float) -> bool:

@@ -18,6 +18,7 @@ import ray
 
 from elasticps.errors import JobFailedError
 from elasticps.runtime import tasks
+from elasticps.runtime.membership import task_name
 from elasticps.runtime.reports import MetricReport
 from elasticps.runtime.task_group import TaskGroup
 
@@ -63,10 +64,26 @@ def step_metrics(stats: list[dict[str, Any]]) -> list[MetricReport]:
 
 
 def snapshot(
-    worker: tasks.Task, param_refs: list[Any], bounds: list[tuple[int, int]], step: int, next_epoch: int | None
+    worker: tasks.Task,
+    param_refs: list[Any],
+    bounds: list[tuple[int, int]],
+    step: int,
+    next_epoch: int | None,
+    timeout_s: float,
 ) -> tuple[bytes | None, list[MetricReport]]:
-    """The registered state of ``worker``'s loop at this step boundary, and its reports."""
-    out = ray.get(worker.handle.snapshot.remote(param_refs, bounds, step, next_epoch))
+    """The registered state of ``worker`` (the group's ``worker-0``)'s loop at
+    this step boundary, and its reports. The loop's code up to its next batch
+    (an epoch's evaluation) may take ``timeout_s``; a loop that takes longer
+    is taken for hung (:func:`tasks.answers`: the worker is stopped, and the
+    read fails with a Ray error, which the job recovers from)."""
+    ref = worker.handle.snapshot.remote(param_refs, bounds, step, next_epoch)
+    [out], error = tasks.answers(
+        [(task_name("worker", 0), worker.handle, ref)],
+        timeout_s,
+        f"hand over its loop's state at step {step} within {timeout_s:g} s (step_timeout_s)",
+    )
+    if error is not None:
+        raise error
     return out["state"], _records(out["reports"])
 
 
@@ -100,11 +117,13 @@ class LoopState:
     ``state_at`` (what a checkpoint holds); ``joiners``: ``{id(worker handle):
     registered state}`` for workers whose loop starts at the next step;
     ``metrics``: the reports the loops made (the newest ``keep``);
-    ``finished``: the loops ran to their end. ``lock``: the controller's."""
+    ``finished``: the loops ran to their end. ``lock``: the controller's;
+    ``timeout_s``: how long a snapshot may take (:func:`snapshot`)."""
 
-    def __init__(self, lock: threading.RLock, keep: int) -> None:
+    def __init__(self, lock: threading.RLock, keep: int, timeout_s: float) -> None:
         self._lock = lock
         self._keep = keep
+        self._timeout_s = timeout_s
         self.metrics: list[MetricReport] = []
         self.joiners: dict[int, bytes | None] = {}
         self.state: bytes | None = None
@@ -121,7 +140,9 @@ class LoopState:
         loops ended; taken once per step: a loop waits at the boundary after
         its snapshot, so its state cannot change before the next step)."""
         if group.workers and not self.finished and self.state_at != step:
-            self.state, metrics = snapshot(group.workers[0], group.param_refs, group.bounds, step, next_epoch)
+            self.state, metrics = snapshot(
+                group.workers[0], group.param_refs, group.bounds, step, next_epoch, self._timeout_s
+            )
             self.state_at = step  # once it came: a worker that died meanwhile leaves it to be taken again
             self.add_metrics(metrics)
 

@@ -11,6 +11,7 @@ import ray
 import torch
 
 from elasticps.program import TrainingProgram
+from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S
 from elasticps.runtime.data import fetch_batch, forward, rows
 from elasticps.runtime.flat import FlatModel
 from elasticps.runtime.shm import OwnedVector, available
@@ -33,9 +34,11 @@ class Worker(WorkerBase):
         shared_memory: bool = True,
         cpu_limit: float | None = None,
         dataset: Any = None,
+        wait_s: float = DEFAULT_STEP_TIMEOUT_S,
     ) -> None:
-        """``dataset``: the training set, already built (None: build it from the program)."""
-        super().__init__(threads, cpu_limit)
+        """``dataset``: the training set, already built (None: build it from the program);
+        ``wait_s``: see :class:`WorkerBase`."""
+        super().__init__(threads, cpu_limit, wait_s)
         self.program = program
         model = program.build_model()
         numel = sum(p.numel() for p in model.parameters() if p.requires_grad)

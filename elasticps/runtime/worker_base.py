@@ -17,13 +17,19 @@ import numpy as np
 import ray
 import torch
 
+from elasticps.runtime.bounded_get import get_within
+from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S
 from elasticps.runtime.cpu_limit import CpuLimit
 from elasticps.runtime.shm import Attachments, OwnedVector
 
 
 class WorkerBase:
-    def __init__(self, threads: int, cpu_limit: float | None) -> None:
+    """``wait_s``: how long a pull waits for the shards' parameters (the job's
+    ``step_timeout_s``): a worker waiting on a hung shard gives up."""
+
+    def __init__(self, threads: int, cpu_limit: float | None, wait_s: float = DEFAULT_STEP_TIMEOUT_S) -> None:
         torch.set_num_threads(max(1, threads))
+        self.wait_s = wait_s
         self.cpu_limit = CpuLimit(cpu_limit)
         self._grad_shm: OwnedVector | None = None
         self._attached = Attachments()
@@ -57,7 +63,7 @@ class WorkerBase:
 
     def _pull(self, param_refs: list[ray.ObjectRef]) -> list[np.ndarray]:
         """Every shard's parameters (same-node ones read in place)."""
-        return [self._attached.resolve(p) for p in ray.get(param_refs)]
+        return [self._attached.resolve(p) for p in get_within(param_refs, self.wait_s, "the shards' parameters")]
 
     def _handoff(self, g: np.ndarray, bounds: list[tuple[int, int]], same_node: list[bool] | None) -> list[Any]:
         """The gradient ``g`` as one slice per shard: for shards marked ``same_node``,

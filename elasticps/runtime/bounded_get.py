@@ -1,0 +1,20 @@
+"""A task's own wait on another task's part of a step (a worker's pull of
+the shards' parameters, a shard's of the workers' gradients), bounded: a task
+that waits on a hung one gives up, and is free to answer the controller,
+instead of hanging with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError
+
+
+def get_within(refs: Any, timeout_s: float, what: str) -> Any:
+    """``ray.get(refs)``, waited for at most ``timeout_s``; after that a
+    :class:`GetTimeoutError` that says ``what`` did not come."""
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except GetTimeoutError as exc:
+        raise GetTimeoutError(f"{what} did not come within {timeout_s:g} s (step_timeout_s)") from exc
