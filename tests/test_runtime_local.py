@@ -143,8 +143,19 @@ class _Tenant:
         return True
 
 
+def _started_within_10s(program: TrainingProgram, tries: int = 3):
+    """A 1x1 job whose tasks may wait 10 s for room. Its own first start may take longer on a loaded machine
+    (seen at a load average of 20): tried again then, as the bound is what the test needs, not that start."""
+    for attempt in range(tries):
+        try:
+            return make_job(1, 1, program, placement_timeout_s=10.0)
+        except PlacementError:
+            if attempt == tries - 1:
+                raise
+
+
 def test_placement_errors_are_clear_and_never_hang(ray_local):
-    job = make_job(1, 1, digits.program(epochs=50), placement_timeout_s=10.0)
+    job = _started_within_10s(digits.program(epochs=50))
     job.run(max_steps=2)
     node = next(iter(job.placement().values()))
     with pytest.raises(PlacementError, match="not an alive Ray node"):
