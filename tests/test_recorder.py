@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from elasticps.runtime import recorder
 from elasticps.runtime.recorder import MAX_EVENTS, Shape, StepRecorder
 from elasticps.runtime.reports import GradientSample, noise_scale
 
@@ -57,6 +58,17 @@ def test_a_window_closes_by_itself_once_the_interval_passed():
     rec = StepRecorder("job", report_interval_s=0.0, lock=threading.RLock())
     rec.account(7, [_worker(16, [8], [8])], [_shard()], ["a"], ["a"], 0.01, 16, 0, Shape(1, 1, 16))
     assert [(w.first_step, w.num_ps, w.num_workers, w.cross) for w in rec.windows] == [(7, 1, 1, 0.0)]
+
+
+def test_a_window_ends_with_its_last_step_not_when_it_is_closed(monkeypatch):
+    # closed 60 s after its step (a step that failed meanwhile, then the recovery): not counted
+    clock = iter([100.0, 160.0])
+    monkeypatch.setattr(recorder.time, "monotonic", lambda: next(clock))
+    rec = StepRecorder("job", report_interval_s=3600.0, lock=threading.RLock())
+    rec.account(3, [_worker(64, [8], [8])], [_shard()], ["a"], ["a"], 0.5, 64, 0, Shape(1, 1, 64))
+    rec.flush(Shape(1, 1, 64))
+    (win,) = rec.windows
+    assert (win.elapsed_s, win.samples_per_s) == (pytest.approx(0.5), pytest.approx(128.0))
 
 
 def test_the_epochs_noise_scale_comes_from_its_own_gradient_samples():

@@ -24,7 +24,9 @@ from elasticps.runtime import (
     CheckpointStore,
     EpochReport,
     JobController,
+    WindowReport,
     relative_error,
+    steps,
     tasks,
     train_single_process,
     user_loop,
@@ -124,6 +126,29 @@ def test_an_evaluation_whose_ps_keeps_dying_fails_the_job_though_each_death_send
     assert kills == [22] * MAX_READ_TRIES
     events = job.report().events
     assert sum("restored from checkpoint at step 20 (lost 2 steps)" in e for e in events) == MAX_READ_TRIES - 1
+    job.shutdown()
+
+
+def test_a_window_open_when_a_ps_dies_is_closed_before_the_job_goes_back(ray_local, tmp_path, monkeypatch):
+    # A window holds steps run in a row at one shape. The PS dies before step 7, the job goes
+    # back to step 5's checkpoint: the open window is told with steps 0-6, the redone steps
+    # 5-9 start another (it went on counting them from step 0: steps 0-11, 12 of them).
+    told: list[WindowReport] = []
+    config = make_config(checkpoint_dir=str(tmp_path), checkpoint_every_steps=5, report_interval_s=600.0)
+    job = JobController(digits.program(epochs=50), config, 1, 1, on_window=told.append)
+    original = steps.sync_step
+
+    def sync_step(group, step, *args):
+        if step == 7:
+            monkeypatch.setattr(steps, "sync_step", original)
+            kill_task(group.ps[0].handle)
+        return original(group, step, *args)
+
+    monkeypatch.setattr(steps, "sync_step", sync_step)
+    report = job.run(max_steps=10)
+    assert any("restored from checkpoint at step 5 (lost 2 steps)" in e for e in report.events), report.events
+    assert [(w.first_step, w.last_step, w.steps) for w in told] == [(0, 6, 7), (5, 9, 5)]
+    assert report.windows == told
     job.shutdown()
 
 

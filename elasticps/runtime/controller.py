@@ -53,7 +53,12 @@ log = logging.getLogger("elasticps.runtime")
 class JobController(JobLoop):
     """Runs one training job on Ray with a changeable number of PS and workers.
 
-    ``on_window(report)``: called with each progress window. ``on_epoch(report)``:
+    ``on_window(report)``: called with each progress window: steps run in a
+    row at one shape, timed from the start of the first to the end of the
+    last. A failed step closes the open window (its time and the recovery's
+    are in none); steps that a restore redoes are told again in later
+    windows, whose step ranges then overlap earlier ones: they were trained,
+    and timed, again. ``on_epoch(report)``:
     called once for each epoch this controller trains to its end, with that
     epoch's :class:`EpochReport`, from the job's loop thread. An epoch that a
     restore undoes (the job went back to a checkpoint taken before it ended)

@@ -28,6 +28,7 @@ MAX_GRADIENT_SAMPLES = 1000
 class _Window:
     start: float
     first_step: int
+    end: float = 0.0  # when its last step ended
     steps: int = 0
     samples: int = 0
     loss_sum: float = 0.0
@@ -126,6 +127,7 @@ class StepRecorder:
                 self.gradient_samples.append(sample)
                 self._epoch_samples.append(sample)
                 del self.gradient_samples[:-MAX_GRADIENT_SAMPLES]
+            win.end = now
             win.steps += 1
             win.samples += samples
             win.loss_sum += loss
@@ -134,12 +136,13 @@ class StepRecorder:
                 self.flush(shape)
 
     def flush(self, shape: Shape) -> None:
-        """Close the open window (if it has steps) as measured at ``shape``."""
+        """Close the open window (if it has steps) as measured at ``shape``; it
+        ends with its last step (what came after, a failed step, is not in it)."""
         with self._lock:
             win = self._window
             if win is None or win.steps == 0:
                 return
-            elapsed = max(1e-9, time.monotonic() - win.start)
+            elapsed = max(1e-9, win.end - win.start)
             report = WindowReport(
                 first_step=win.first_step,
                 last_step=win.first_step + win.steps - 1,

@@ -180,7 +180,7 @@ class Recovery:
         self.rescaler = rescaler
         self.config, self.group, self.requests = rescaler.config, rescaler.group, rescaler.requests
         self.checkpoints = checkpoints
-        self._event, self._step = hooks.event, hooks.step
+        self._event, self._flush, self._step = hooks.event, hooks.flush_window, hooks.step
         self._rewind = rewind
         self._loops_back = loops_back
         self._read_tries: dict[str, int] = {}  # failed tries of a read between steps not yet done, by its name
@@ -300,6 +300,7 @@ class Recovery:
         state: ShardState | None = None,
         dead_starting: int = 0,
     ) -> None:
+        self._flush()  # the open window's steps ran in a row at the shape there was: the redone ones start a new one
         group = self.group
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if not tasks.is_alive(t.handle, timeout)]
