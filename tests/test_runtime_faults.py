@@ -270,7 +270,7 @@ def test_a_task_waiting_on_a_hung_one_gives_up_in_time_and_stays_free(ray_local)
     ps = tasks.launch("ps", program, SMALL, 1, None, wait_s=0.5)
     worker = tasks.launch("worker", program, SMALL, 1, None, wait_s=0.5)
     try:
-        ray.get([ps.ready_ref, worker.ready_ref], timeout=60)
+        ray.get([ps.ready_ref, worker.ready_ref], timeout=180)  # two process starts, on a busy machine too
         calls = [
             (ps.handle.apply.remote(3, [never], False), r"the workers' gradients of step 3 did not come within 0.5 s"),
             (worker.handle.step.remote(3, np.arange(4), [never], [(0, 2)], 4, 0), r"the shards' parameters did not"),
