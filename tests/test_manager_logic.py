@@ -16,6 +16,7 @@ from elasticps.manager.live import MAX_FAILURES, RESTART_BACKOFF_S
 from elasticps.manager.runtime import ProgramInfo
 from elasticps.manager.spec import Range
 from elasticps.manager.states import TRANSITIONS, JobInUse
+from elasticps.runtime import JobConfig
 
 SPEC = """name: {name}
 program: elasticps.examples.digits:program
@@ -680,6 +681,15 @@ def test_jobs_named_like_the_workdirs_secrets_keep_their_files_apart(tmp_path):
         manager.delete(name)
     assert (work / "token").read_text() == "api-secret\n" and (work / "ray-token").read_text() == "ray-secret\n"
     check_invariants(manager)
+
+
+def test_a_specs_step_timeout_reaches_its_runtime_and_none_keeps_the_runtimes_default(env):
+    manager, runtime, _ = env
+    manager.submit(parse_spec(SPEC.format(name="slow", cpu=1) + "step_timeout_s: 1800\n"))
+    submit(manager, "usual")
+    manager.step()
+    assert runtime.latest("slow").launch.config.step_timeout_s == 1800.0
+    assert runtime.latest("usual").launch.config.step_timeout_s == JobConfig().step_timeout_s
 
 
 def test_a_workdir_of_the_older_layout_has_its_job_folders_moved(tmp_path):

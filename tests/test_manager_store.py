@@ -48,6 +48,8 @@ def test_a_good_spec_parses_with_defaults():
         ("[" * 3000 + "]" * 3000, "nested too deeply"),
         ("x" * 70_000, "larger than"),
         (GOOD.replace("cpu: 0.5", "cpu: -1"), "field 'ps.cpu': Input should be greater than 0"),
+        (GOOD + "step_timeout_s: 0\n", "field 'step_timeout_s': Input should be greater than 0"),
+        (GOOD + "step_timeout_s: .inf\n", "field 'step_timeout_s': Input should be a finite"),
         (GOOD + "colour: red\n", r"field 'colour': unknown field \(fields: name, program, "),
         (GOOD.replace("objective: efficiency", "objective: fastest"), "field 'objective'"),
         ("name: [unclosed", "not valid YAML"),

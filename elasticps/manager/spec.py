@@ -9,6 +9,7 @@ ps:      {min: 1, max: 4, cpu: 0.5, memory_gb: 1}
 workers: {min: 1, max: 8, cpu: 1, memory_gb: 2}
 objective: goodput                           # optional: goodput | speed | efficiency
 checkpoint_every_steps: 100
+step_timeout_s: 1800                         # optional: a step slower than this is taken for hung (default 600)
 runtime_env:                                 # optional: Ray's runtime_env for the job's processes
   working_dir: /path/to/code                 # a directory on the server's machine, or a URI (s3://, https://...zip)
   py_modules: []                             # more directories or URIs put on sys.path
@@ -111,6 +112,9 @@ class JobSpec(BaseModel):
     workers: TaskSpec = Field(default_factory=lambda: TaskSpec(min=1, max=8, cpu=1.0))
     objective: Literal["goodput", "speed", "efficiency"] | None = None
     checkpoint_every_steps: int = Field(100, ge=0, le=10**9)
+    step_timeout_s: float | None = Field(
+        None, gt=0, le=1e7, description="seconds a step may take before its late tasks are taken for hung"
+    )
     runtime_env: RuntimeEnvSpec | None = None
 
     @field_validator("name")
