@@ -31,7 +31,7 @@ from elasticps.runtime import (
     train_single_process,
     user_loop,
 )
-from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES
+from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES, MAX_STEP_TIMEOUTS
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.task_group import TaskGroup
 from tests.helpers import SMALL_TASKS, kill_before, kill_task, make_config, make_job, run_until_applied
@@ -285,14 +285,15 @@ def test_a_task_waiting_on_a_hung_one_gives_up_in_time_and_stays_free(ray_local)
 
 
 class _HangIn:
-    """A loss that hangs (for an hour: the test stops the worker) in the process whose pid is in ``flag``."""
+    """A loss that hangs (for an hour: the test stops the worker) in the process whose pid is in
+    ``flag``, or in every process if it says ``any``."""
 
     def __init__(self, flag: str) -> None:
         self.flag = flag
 
     def __call__(self, out, target):
         flag = Path(self.flag)
-        if flag.is_file() and flag.read_text() == str(os.getpid()):
+        if flag.is_file() and flag.read_text() in (str(os.getpid()), "any"):
             time.sleep(3600)
         return torch.nn.functional.cross_entropy(out, target)
 
@@ -324,6 +325,26 @@ def test_a_worker_hung_in_a_step_is_taken_for_dead_and_the_job_goes_on(ray_local
             assert job.step == 5 and relative_error(job.parameters(), ref.params) < TOL
     finally:
         tasks.kill(hung.handle)
+        job.shutdown()
+
+
+def test_a_step_that_hangs_every_time_fails_the_job_with_the_reason(ray_local, tmp_path):
+    """A loss that hangs at step 2 in every worker (the user's deadlock): its worker is stopped and
+    replaced, the replacement hangs too; the third time the job fails, saying why."""
+    flag = tmp_path / "hang"
+    program = dataclasses.replace(digits.program(epochs=50), loss=_HangIn(str(flag)))
+    job = make_job(1, 1, program, step_timeout_s=3.0)
+    job.run(max_steps=2)
+    flag.write_text("any")
+    try:
+        job.run_in_thread().join(180)  # it would replace and hang for ever
+        assert job.state == "failed", job.report().events
+        assert f"JobFailedError: step 2 ran out of time {MAX_STEP_TIMEOUTS} times in a row" in job.error
+        events = job.report().events
+        late = "step 2: GetTimeoutError: worker-0 did not hand in its gradient of step 2 within 3 s"
+        assert sum(e.startswith(late) for e in events) == MAX_STEP_TIMEOUTS, events
+        assert sum("replaced all workers (1)" in e for e in events) == MAX_STEP_TIMEOUTS - 1, events
+    finally:
         job.shutdown()
 
 

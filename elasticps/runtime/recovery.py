@@ -11,7 +11,10 @@ What a failed step may have left, and what restores it:
   restored from the newest checkpoint, and with it the step, the data
   position and a user loop's state;
 - a PS shard died: the same restore, onto new shards;
-- no task died: the program's own code failed (:class:`UserCodeError`).
+- no task died: the program's own code failed (:class:`UserCodeError`);
+- a task did not answer within ``step_timeout_s``: it was stopped (taken for
+  hung), and the step is recovered from as from its death; the same step
+  running out of time ``MAX_STEP_TIMEOUTS`` times in a row fails the job.
 
 A restore takes the shards' whole state at the job's step if the group still
 holds it (gathered by a switch or a checkpoint, or installed, at this step and
@@ -66,6 +69,7 @@ from elasticps.runtime.shard_state import ShardState
 
 MAX_READ_TRIES = 3  # a read of the shards between two steps fails the job after this many tries
 MAX_START_FAILURES = 3  # a job whose tasks die this often while it starts fails
+MAX_STEP_TIMEOUTS = 3  # a step whose tasks are taken for hung this many times in a row fails the job
 
 T = TypeVar("T")
 
@@ -184,17 +188,29 @@ class Recovery:
         self._rewind = rewind
         self._loops_back = loops_back
         self._read_tries: dict[str, int] = {}  # failed tries of a read between steps not yet done, by its name
+        self._timeouts = (-1, 0)  # the last step that ran out of time, and how many times in a row
 
     def recover(self, exc: BaseException, ps_inconsistent: bool = False) -> None:
         """After a failed step: drop dead workers, restore lost PS, or give up.
 
         ``ps_inconsistent``: the failure hit the update, so some shards may have
         applied the step and others not; the PS are restored from the checkpoint.
+        A step that ran out of time (its late tasks were stopped) is recovered
+        from as a death, but fails the job the ``MAX_STEP_TIMEOUTS``-th time in
+        a row: tasks that hang at the same step each time (a user loop's
+        deadlock) would otherwise be replaced, and hang, for ever.
         """
         torn = "an update failed part-way (a worker's gradient was lost)"
         step = self._step()
         if isinstance(exc, ray.exceptions.GetTimeoutError):  # the tasks it names were stopped: say why they died
             self._event(error_text(exc))
+            last, times = self._timeouts
+            self._timeouts = (step, times + 1 if last == step else 1)
+            if self._timeouts[1] >= MAX_STEP_TIMEOUTS:
+                raise JobFailedError(
+                    f"step {step} ran out of time {MAX_STEP_TIMEOUTS} times in a row (the last: {error_text(exc)}); "
+                    "raise step_timeout_s if its steps are that slow"
+                ) from exc
         state = self.group.state_at(step)
         if state is not None and not self._loops_back(step):  # the loops cannot redo the step from there
             state = None
