@@ -7,6 +7,7 @@ stay those of single-process training."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -291,11 +292,29 @@ class _HangIn:
     def __init__(self, flag: str) -> None:
         self.flag = flag
 
-    def __call__(self, out, target):
+    def wait(self) -> None:
         flag = Path(self.flag)
         if flag.is_file() and flag.read_text() in (str(os.getpid()), "any"):
             time.sleep(3600)
+
+    def __call__(self, out, target):
+        self.wait()
         return torch.nn.functional.cross_entropy(out, target)
+
+
+@contextlib.contextmanager
+def _hanging(job: JobController, task: tasks.Task, flag: Path, more: int):
+    """``task`` hangs (its pid in ``flag``) while ``job`` runs ``more`` steps in a thread,
+    which must end; yields the job's report then, and stops the task and the job after."""
+    flag.write_text(str(task.pid))
+    try:
+        thread = job.run_in_thread(max_steps=more)
+        thread.join(120)
+        assert not thread.is_alive(), "the job still waits on the hung task"
+        yield job.report()
+    finally:
+        tasks.kill(task.handle)
+        job.shutdown()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -308,12 +327,7 @@ def test_a_worker_hung_in_a_step_is_taken_for_dead_and_the_job_goes_on(ray_local
     job = make_job(1, 2, program, mode=mode, step_timeout_s=5.0)
     job.run(max_steps=2)
     hung = job.workers[1]
-    flag.write_text(str(hung.pid))
-    try:
-        thread = job.run_in_thread(max_steps=3)
-        thread.join(120)
-        assert not thread.is_alive(), "the job still waits on the hung worker"
-        report = job.report()
+    with _hanging(job, hung, flag, more=3) as report:
         assert report.state == "running", report.error
         step = "its gradient of step 2" if mode == "sync" else "a step"
         want = f"worker-1 did not hand in {step} within 5 s (step_timeout_s); taken for hung"
@@ -323,9 +337,40 @@ def test_a_worker_hung_in_a_step_is_taken_for_dead_and_the_job_goes_on(ray_local
         if mode == "sync":
             ref = train_single_process(program, max_steps=job.step)
             assert job.step == 5 and relative_error(job.parameters(), ref.params) < TOL
-    finally:
-        tasks.kill(hung.handle)
-        job.shutdown()
+
+
+class _HangingSGD(torch.optim.SGD):
+    """SGD whose step hangs as :class:`_HangIn`'s loss does: in a PS shard's update."""
+
+    def __init__(self, params, lr, flag: str) -> None:
+        super().__init__(params, lr=lr)
+        self.hang = _HangIn(flag)
+
+    def step(self, closure=None):
+        self.hang.wait()
+        return super().step(closure)
+
+
+def test_a_ps_hung_in_its_update_is_taken_for_dead_and_restored(ray_local, tmp_path):
+    """The shards' updates are waited for at most step_timeout_s: the hung shard is stopped,
+    named, and the job restores the PS from its checkpoint as when one dies, exactly."""
+    flag = tmp_path / "hang"
+    program = dataclasses.replace(
+        digits.program(epochs=50),
+        optimizer=_HangingSGD,
+        optimizer_kwargs={"flag": str(flag)},
+        inexact_optimizer=True,  # SGD's update is elementwise all the same
+    )
+    job = make_job(2, 1, program, checkpoint_dir=str(tmp_path / "ckpt"), step_timeout_s=5.0)
+    job.run(max_steps=3)
+    hung = job.ps[1]
+    with _hanging(job, hung, flag, more=3) as report:
+        events = report.events
+        assert any("ps-1 did not apply step 3 within 5 s (step_timeout_s); taken for hung" in e for e in events), events
+        assert any("1 PS shard(s) died; restored from checkpoint at step 0 (lost 3 steps)" in e for e in events), events
+        assert job.report().state == "running" and job.step == 6 and hung.pid not in [t.pid for t in job.ps]
+        ref = train_single_process(program, max_steps=job.step)
+        assert relative_error(job.parameters(), ref.params) < TOL
 
 
 def test_a_step_that_hangs_every_time_fails_the_job_with_the_reason(ray_local, tmp_path):
