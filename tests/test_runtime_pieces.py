@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from ray import exceptions as ray_errors
 
-from elasticps.errors import ConfigError, PlacementError, UserCodeError
+from elasticps.errors import ConfigError, JobFailedError, PlacementError, UserCodeError
 from elasticps.runtime import tasks
 from elasticps.runtime.checkpoint import Checkpoint
 from elasticps.runtime.config import JobConfig
@@ -28,7 +28,7 @@ from elasticps.runtime.membership import (
     wanted,
 )
 from elasticps.runtime.progress import Progress
-from elasticps.runtime.recovery import Checkpoints, Recovery, RecoveryPlan, plan_recovery
+from elasticps.runtime.recovery import MAX_STEP_TIMEOUTS, Checkpoints, Recovery, RecoveryPlan, plan_recovery
 from elasticps.runtime.reports import RescaleRecord
 from elasticps.runtime.rescale import MAX_SWITCH_FAILURES, JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
@@ -505,6 +505,29 @@ def test_a_restore_of_the_ps_cancels_a_pending_rescale_that_keeps_the_old_shards
 def test_recovery_plan_after_a_failed_switch(dead_ps, dead_workers, dead_starting, gathered, expected):
     got = plan_recovery(dead_ps, dead_workers, 2, gathered, True, dead_starting=dead_starting, have_state=gathered)
     assert got == expected
+
+
+def test_step_timeouts_fail_the_job_in_a_row_only_not_across_a_step_that_stood(tmp_path, monkeypatch):
+    """Step 4 runs out of time twice (its late worker stopped each time), is redone and stands; a
+    restore that goes back to an earlier checkpoint brings step 4 again, which runs out of time:
+    the first time in a row, not the third. The job fails at the third in a row."""
+    workers = [f"w{i}" for i in range(2 * MAX_STEP_TIMEOUTS)]
+    job = _fake_job(tmp_path, monkeypatch, {"p0": [1, 2]}, workers, [])
+    late = iter(workers)
+
+    def time_out() -> None:
+        name = next(late)
+        job.t[name].handle.dead = True  # stopped as taken for hung
+        job.recovery.recover(ray_errors.GetTimeoutError(f"{name} did not hand in its gradient; taken for hung"))
+
+    for _ in range(MAX_STEP_TIMEOUTS - 1):
+        time_out()
+    job.recovery.stood()
+    for _ in range(MAX_STEP_TIMEOUTS - 1):
+        time_out()
+    with pytest.raises(JobFailedError, match=f"step 4 ran out of time {MAX_STEP_TIMEOUTS} times in a row"):
+        time_out()
+    assert [w.handle.name for w in job.group.workers] == workers[-2:]  # the job failed before it dropped the last
 
 
 @pytest.fixture

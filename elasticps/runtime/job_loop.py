@@ -171,6 +171,7 @@ class JobLoop:
             self._recovery.recover(error, ps_inconsistent=result.applied > 0)  # type: ignore[arg-type]
             return
         self._group.stepped(result.param_refs)
+        self._recovery.stood()
         stats = [s for _, s in result.done]
         if self._loop:
             self._loop.stepped(stats)
@@ -212,6 +213,7 @@ class JobLoop:
             )
 
         def applied(stats: dict[str, Any], infos: list[dict[str, float]], w: tasks.Task, wall_s: float) -> None:
+            self._recovery.stood()
             self._account([stats], infos, [w], wall_s, stats["samples"], big_batch=0)
             p.count(stats["samples"])
 

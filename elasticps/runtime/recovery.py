@@ -190,6 +190,11 @@ class Recovery:
         self._read_tries: dict[str, int] = {}  # failed tries of a read between steps not yet done, by its name
         self._timeouts = (-1, 0)  # the last step that ran out of time, and how many times in a row
 
+    def stood(self) -> None:
+        """A step stood (every shard applied it): the steps that ran out of
+        time before it are no longer in a row with the next that does."""
+        self._timeouts = (-1, 0)
+
     def recover(self, exc: BaseException, ps_inconsistent: bool = False) -> None:
         """After a failed step: drop dead workers, restore lost PS, or give up.
 
@@ -197,7 +202,7 @@ class Recovery:
         applied the step and others not; the PS are restored from the checkpoint.
         A step that ran out of time (its late tasks were stopped) is recovered
         from as a death, but fails the job the ``MAX_STEP_TIMEOUTS``-th time in
-        a row: tasks that hang at the same step each time (a user loop's
+        a row (no step stood between: :meth:`stood`): tasks that hang at the same step each time (a user loop's
         deadlock) would otherwise be replaced, and hang, for ever.
         """
         torn = "an update failed part-way (a worker's gradient was lost)"
