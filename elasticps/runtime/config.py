@@ -70,8 +70,10 @@ class JobConfig:
             and a task's own wait for another's part of a step. A task that has
             not answered by then is taken for hung: it is stopped and the job
             recovers as when it dies (an event names it). A slow step is not a
-            hung one: set it well above the job's slowest step (the first
-            included); the default, 10 minutes, is for steps of seconds.
+            hung one: set it well above the job's slowest step, the first
+            included (a user loop's runs its code from ``prepare`` to its
+            first batch, and the warm-up or compilation of its first forward
+            and backward); the default, 10 minutes, is for steps of seconds.
         replace_dead_workers: start a replacement when a worker dies.
         shared_memory: ``sync`` only: tasks on the same node exchange gradients
             and parameters through shared memory instead of copies.
