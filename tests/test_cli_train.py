@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from elasticps.cli.local import _user_code_from_cwd, factory_args
+from elasticps.cli.local import _user_code_from_cwd, factory_args, job_config
+from elasticps.cli.main import build_parser
 from elasticps.errors import ConfigError
 
 
@@ -34,6 +35,24 @@ def test_too_few_cpus_say_which_num_cpus_before_ray_starts(tmp_path):
         "error: 2 PS x 3 workers need 5 CPUs (1 a task), more than --num-cpus 2: "
         "pass --num-cpus 5 (Ray shares the cores) or ask for fewer tasks\n"
     )
+
+
+def test_a_runs_step_timeout_reaches_its_job_and_a_bad_one_is_refused_before_ray_starts(tmp_path):
+    from elasticps.runtime.config import JobConfig
+
+    def config(*extra: str) -> JobConfig:
+        return job_config(build_parser().parse_args(["train", "nothing.here:program", *extra]))
+
+    assert config("--step-timeout-s", "1800").step_timeout_s == 1800.0
+    assert config().step_timeout_s == JobConfig().step_timeout_s
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    for bad in ("0", "-5", "inf", "nan", "ten"):
+        argv = [sys.executable, "-c", "import sys; from elasticps.cli.main import main; sys.exit(main(sys.argv[1:]))",
+                "train", "nothing.here:program", "--step-timeout-s", bad]  # fmt: skip
+        out = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert out.returncode == 2, out.stderr
+        want = f"argument --step-timeout-s: expected a number of seconds > 0, got '{bad}'"
+        assert want in out.stderr, out.stderr
 
 
 def test_the_current_directory_is_on_the_path_for_the_driver_and_the_workers(tmp_path, monkeypatch):

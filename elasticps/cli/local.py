@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import shlex
 import signal
 import sys
@@ -78,6 +79,27 @@ def factory_args(given: list[str]) -> dict[str, Any]:
     return out
 
 
+def seconds(text: str) -> float:
+    """A positive, finite number of seconds (an option's value)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def job_config(args: argparse.Namespace) -> Any:
+    """The :class:`JobConfig` of an ``elasticps train`` run (its ``step_timeout_s``: JobConfig's unless given)."""
+    from elasticps.runtime.config import JobConfig
+
+    timeout = {} if args.step_timeout_s is None else {"step_timeout_s": args.step_timeout_s}
+    return JobConfig(
+        mode=args.mode, checkpoint_dir=args.checkpoint_dir, report_interval_s=args.report_interval_s, **timeout
+    )
+
+
 def cpus_needed(num_ps: int, num_workers: int, ps_cpu: float = 1.0, worker_cpu: float = 1.0) -> float:
     return num_ps * ps_cpu + num_workers * worker_cpu
 
@@ -124,7 +146,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     program_args = factory_args(args.args or [])
     _check_local_cpus(args)
     _user_code_from_cwd()
-    from elasticps import JobConfig, JobController, load_program  # Ray and torch: after the checks
+    from elasticps import JobController, load_program  # Ray and torch: after the checks
     from elasticps.raycluster import ensure_ray
 
     program = load_program(args.program, program_args)
@@ -133,7 +155,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(finished, flush=True)
         return 0
     ensure_ray(args.ray_address, num_cpus=args.num_cpus)
-    config = JobConfig(mode=args.mode, checkpoint_dir=args.checkpoint_dir, report_interval_s=args.report_interval_s)
+    config = job_config(args)
     job = JobController(
         program,
         config,
@@ -235,6 +257,12 @@ def add_parsers(sub: Any) -> None:
     train.add_argument("--checkpoint-dir", help="write checkpoints here, and resume from the newest one there")
     train.add_argument("--max-steps", type=int, help="stop after this many steps (default: train to the end)")
     train.add_argument("--report-interval-s", type=float, default=5.0, help="seconds per progress line (default 5)")
+    train.add_argument(
+        "--step-timeout-s",
+        type=seconds,
+        help="seconds a step may take before the tasks late in it are taken for hung, stopped and replaced "
+        "(default 600); the first step counts its warm-up (a loop's code up to its first batch, compilation)",
+    )
     train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     train.add_argument(
         "--num-cpus",
