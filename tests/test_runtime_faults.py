@@ -26,6 +26,7 @@ from elasticps.runtime import (
     EpochReport,
     JobController,
     WindowReport,
+    recovery,
     relative_error,
     steps,
     tasks,
@@ -389,6 +390,40 @@ def test_a_step_that_hangs_every_time_fails_the_job_with_the_reason(ray_local, t
         late = "step 2: GetTimeoutError: worker-0 did not hand in its gradient of step 2 within 3 s"
         assert sum(e.startswith(late) for e in events) == MAX_STEP_TIMEOUTS, events
         assert sum("replaced all workers (1)" in e for e in events) == MAX_STEP_TIMEOUTS - 1, events
+    finally:
+        job.shutdown()
+
+
+class _ExitIn:
+    """A loss that ends its own process (as a crash in native code or the OOM killer would) once ``flag`` exists."""
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def __call__(self, out, target):
+        if Path(self.flag).is_file():
+            os._exit(1)
+        return torch.nn.functional.cross_entropy(out, target)
+
+
+def test_a_step_whose_worker_dies_every_time_fails_the_job_with_the_reason(ray_local, tmp_path, monkeypatch):
+    """A loss that kills its process at step 2 in every worker: the dead worker is replaced, the replacement
+    dies too; after MAX_STEP_FAILURES deaths at that step the job fails, saying why (it would replace for ever).
+    The cap set to 3 here to keep the test short."""
+    monkeypatch.setattr(recovery, "MAX_STEP_FAILURES", 3)
+    flag = tmp_path / "exit"
+    program = dataclasses.replace(digits.program(epochs=50), loss=_ExitIn(str(flag)))
+    job = make_job(1, 1, program)
+    job.run(max_steps=2)
+    flag.write_text("any")
+    try:
+        job.run_in_thread().join(180)
+        assert job.state == "failed", job.report().events
+        assert "JobFailedError: step 2 failed 3 times in a row" in job.error, job.error
+        assert "end its own process" in job.error
+        events = job.report().events
+        assert sum("replaced all workers (1)" in e for e in events) == 2, events
+        assert job.report().step == 2
     finally:
         job.shutdown()
 

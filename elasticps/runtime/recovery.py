@@ -14,7 +14,11 @@ What a failed step may have left, and what restores it:
 - no task died: the program's own code failed (:class:`UserCodeError`);
 - a task did not answer within ``step_timeout_s``: it was stopped (taken for
   hung), and the step is recovered from as from its death; the same step
-  running out of time ``MAX_STEP_TIMEOUTS`` times in a row fails the job.
+  running out of time ``MAX_STEP_TIMEOUTS`` times in a row fails the job;
+- the same step failing ``MAX_STEP_FAILURES`` times in a row, whatever the
+  cause, fails the job: a program that ends its own process on that step's
+  data (``os._exit``, a crash in native code, running out of memory) would
+  otherwise be replaced, and die, for ever.
 
 A restore takes the shards' whole state at the job's step if the group still
 holds it (gathered by a switch or a checkpoint, or installed, at this step and
@@ -70,6 +74,7 @@ from elasticps.runtime.shard_state import ShardState
 MAX_READ_TRIES = 3  # a read of the shards between two steps fails the job after this many tries
 MAX_START_FAILURES = 3  # a job whose tasks die this often while it starts fails
 MAX_STEP_TIMEOUTS = 3  # a step whose tasks are taken for hung this many times in a row fails the job
+MAX_STEP_FAILURES = 5  # a step that fails this many times in a row (tasks dead or hung) fails the job
 
 T = TypeVar("T")
 
@@ -188,7 +193,7 @@ class Recovery:
         self._rewind = rewind
         self._loops_back = loops_back
         self._read_tries: dict[str, int] = {}  # failed tries of a read between steps not yet done, by its name
-        self._timeouts = (-1, 0)  # the last step that ran out of time, and how many times in a row
+        self._in_a_row = (-1, 0, 0)  # the last step that failed, how many times in a row, how many ran out of time
 
     def stood(self) -> None:
         """A step stood (every shard applied it): the steps that ran out of
@@ -207,15 +212,22 @@ class Recovery:
         """
         torn = "an update failed part-way (a worker's gradient was lost)"
         step = self._step()
-        if isinstance(exc, ray.exceptions.GetTimeoutError):  # the tasks it names were stopped: say why they died
+        late = isinstance(exc, ray.exceptions.GetTimeoutError)
+        if late:  # the tasks it names were stopped: say why they died
             self._event(error_text(exc))
-            last, times = self._timeouts
-            self._timeouts = (step, times + 1 if last == step else 1)
-            if self._timeouts[1] >= MAX_STEP_TIMEOUTS:
-                raise JobFailedError(
-                    f"step {step} ran out of time {MAX_STEP_TIMEOUTS} times in a row (the last: {error_text(exc)}); "
-                    "raise step_timeout_s if its steps are that slow"
-                ) from exc
+        _, times, timeouts = self._in_a_row if self._in_a_row[0] == step else (step, 0, 0)
+        self._in_a_row = (step, times + 1, timeouts + late)
+        if late and timeouts + 1 >= MAX_STEP_TIMEOUTS:
+            raise JobFailedError(
+                f"step {step} ran out of time {MAX_STEP_TIMEOUTS} times in a row (the last: {error_text(exc)}); "
+                "raise step_timeout_s if its steps are that slow"
+            ) from exc
+        if times + 1 >= MAX_STEP_FAILURES:
+            raise JobFailedError(
+                f"step {step} failed {MAX_STEP_FAILURES} times in a row (the last: {error_text(exc)}); "
+                "does the program end its own process on this step's data (os._exit, a crash in native code, "
+                "out of memory)?"
+            ) from exc
         state = self.group.state_at(step)
         if state is not None and not self._loops_back(step):  # the loops cannot redo the step from there
             state = None
