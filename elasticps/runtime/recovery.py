@@ -196,9 +196,9 @@ class Recovery:
         self._in_a_row = (-1, 0, 0)  # the last step that failed, how many times in a row, how many ran out of time
 
     def stood(self) -> None:
-        """A step stood (every shard applied it): the steps that ran out of
-        time before it are no longer in a row with the next that does."""
-        self._timeouts = (-1, 0)
+        """A step stood (every shard applied it): the steps that failed or ran
+        out of time before it are no longer in a row with the next that does."""
+        self._in_a_row = (-1, 0, 0)
 
     def recover(self, exc: BaseException, ps_inconsistent: bool = False) -> None:
         """After a failed step: drop dead workers, restore lost PS, or give up.
