@@ -273,9 +273,17 @@ def test_a_task_waiting_on_a_hung_one_gives_up_in_time_and_stays_free(ray_local)
     worker = tasks.launch("worker", program, SMALL, 1, None, wait_s=0.5)
     try:
         ray.get([ps.ready_ref, worker.ready_ref], timeout=180)  # two process starts, on a busy machine too
+        came = ray.put({})  # a part that came: only the late one is named
         calls = [
             (ps.handle.apply.remote(3, [never], False), r"the workers' gradients of step 3 did not come within 0.5 s"),
-            (worker.handle.step.remote(3, np.arange(4), [never], [(0, 2)], 4, 0), r"the shards' parameters did not"),
+            (
+                ps.handle.apply.remote(4, [], False, True, None, [came, never]),
+                r"the shards' norms of step 4 \(of ps-1\) did not come within 0.5 s",
+            ),
+            (
+                worker.handle.step.remote(3, np.arange(4), [came, never], [(0, 1), (1, 2)], 4, 0),
+                r"the shards' parameters \(of ps-1\) did not come within 0.5 s",
+            ),
         ]
         for ref, message in calls:
             with pytest.raises(ray.exceptions.RayTaskError, match=message):

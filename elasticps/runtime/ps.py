@@ -15,6 +15,7 @@ from elasticps.program import TrainingProgram
 from elasticps.runtime.bounded_get import get_within
 from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S
 from elasticps.runtime.cpu_limit import CpuLimit
+from elasticps.runtime.membership import task_name
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.shm import Attachments, OwnedVector, ShmRef, available
 
@@ -213,7 +214,8 @@ class PSShard:
         own). The measured norm is the gradient's before any clipping.
         """
         if norms is not None:
-            norms = get_within(list(norms), self.wait_s, f"the shards' norms of step {step}")  # their reduce's
+            shards = [task_name("ps", j) for j in range(len(norms))]
+            norms = get_within(list(norms), self.wait_s, f"the shards' norms of step {step}", shards)  # their reduce's
             summed_step, total, received_at = self._summed
             assert summed_step == step, f"reduce of step {summed_step}, apply of step {step}"
         else:

@@ -20,6 +20,7 @@ import torch
 from elasticps.runtime.bounded_get import get_within
 from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S
 from elasticps.runtime.cpu_limit import CpuLimit
+from elasticps.runtime.membership import task_name
 from elasticps.runtime.shm import Attachments, OwnedVector
 
 
@@ -63,7 +64,9 @@ class WorkerBase:
 
     def _pull(self, param_refs: list[ray.ObjectRef]) -> list[np.ndarray]:
         """Every shard's parameters (same-node ones read in place)."""
-        return [self._attached.resolve(p) for p in get_within(param_refs, self.wait_s, "the shards' parameters")]
+        shards = [task_name("ps", j) for j in range(len(param_refs))]
+        parts = get_within(param_refs, self.wait_s, "the shards' parameters", shards)
+        return [self._attached.resolve(p) for p in parts]
 
     def _handoff(self, g: np.ndarray, bounds: list[tuple[int, int]], same_node: list[bool] | None) -> list[Any]:
         """The gradient ``g`` as one slice per shard: for shards marked ``same_node``,
