@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -291,6 +292,59 @@ def test_a_task_waiting_on_a_hung_one_gives_up_in_time_and_stays_free(ray_local)
         assert ray.get([ps.handle.ping.remote(), worker.handle.ping.remote()], timeout=10)  # free again
     finally:
         for h in (hung, ps.handle, worker.handle):
+            ray.kill(h)
+
+
+@ray.remote
+class _StepWorker:
+    """A worker whose step hands in its statistics and one gradient slice per shard at once."""
+
+    def step(self, *args, **kwargs):
+        return {"samples": 1}, np.zeros(1), np.zeros(1)
+
+
+@ray.remote
+class _NormShard:
+    """A shard whose sum of the gradients (``reduce``) hangs if ``hang``; its update waits for every
+    shard's norm, as a real shard's does."""
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    def reduce(self, step, grads, lr):
+        if self.hang:
+            time.sleep(3600)
+        return {}
+
+    def apply(self, step, grads, measure, copy_out, lr, norms, lr_factor=1.0):
+        ray.get(list(norms))
+        return {}, np.zeros(1)
+
+    def ping(self):
+        return "alive"
+
+
+def test_a_shard_hung_in_its_sum_is_stopped_alone_and_the_others_fail_on_its_norm(ray_local):
+    """A user loop's step with two shards: each sums the gradients, then updates once every shard's
+    norm came. ps-1 hangs in its sum: it alone is taken for hung and named; ps-0, waiting for that
+    norm, fails on it within the grace and is not stopped (nor named) for being late too."""
+    worker, shards = _StepWorker.remote(), [_NormShard.remote(False), _NormShard.remote(True)]
+    try:
+        ray.get([h.__ray_ready__.remote() for h in (worker, *shards)], timeout=180)  # three process starts
+        group = SimpleNamespace(
+            ps=[tasks.Task("ps", h, "n", 0) for h in shards], workers=[tasks.Task("worker", worker, "n", 0)]
+        )
+        group.param_refs, group.bounds = [], []
+        result = steps.sync_step(group, 3, np.arange(2), None, 1.0, 0, False, (0, {}), steps.Waits(2.0, 30.0))
+        assert result.applied == 0 and len(result.done) == 1 and result.stats_error is None
+        assert isinstance(result.apply_error, ray.exceptions.GetTimeoutError)
+        want = "ps-1 did not sum the gradients of step 3 within 2 s (step_timeout_s); taken for hung"
+        assert str(result.apply_error) == want
+        assert ray.get(shards[0].ping.remote(), timeout=10) == "alive"  # ps-0 was not stopped
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(shards[1].__ray_ready__.remote(), timeout=30)
+    finally:
+        for h in (worker, *shards):
             ray.kill(h)
 
 

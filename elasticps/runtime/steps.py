@@ -105,8 +105,9 @@ def sync_step(
     its lrs by (the adaptive batch's, :meth:`LoopProgram.lr_at`).
 
     ``waits``: the step's calls are waited for at most ``waits.step_s``
-    (default: :class:`JobConfig`'s); the shards' updates, once a worker was
-    taken for hung, ``waits.grace_s`` more to fail on its lost gradient."""
+    (default: :class:`JobConfig`'s); the shards' sums and updates, once a
+    worker or a shard was taken for hung, ``waits.grace_s`` more to fail on
+    its lost gradient or norm."""
     waits = waits or Waits.of(JobConfig())
     deadline = time.monotonic() + waits.step_s
     ps, workers = group.ps, group.workers
@@ -160,11 +161,20 @@ def sync_step(
         deadline - time.monotonic(),
         f"hand in its gradient of step {step} {within}",
     )
+    sum_error = None
+    if norms is not None:  # a shard hung in its sum is stopped alone: the others' updates then fail on its norm
+        _, sum_error = tasks.answers(
+            [(task_name("ps", j), p.handle, ref) for j, (p, ref) in enumerate(zip(ps, norms, strict=True))],
+            max(deadline - time.monotonic(), waits.grace_s),
+            f"sum the gradients of step {step} {within}",
+        )
     infos, apply_error = tasks.answers(
         [(task_name("ps", j), p.handle, a[0]) for j, (p, a) in enumerate(zip(ps, applies, strict=True))],
         max(deadline - time.monotonic(), waits.grace_s),
         f"apply step {step} {within}",
     )
+    if isinstance(sum_error, ray.exceptions.GetTimeoutError):  # the shard it names is why the updates failed
+        apply_error = sum_error
     done = [(w, s) for (_, w, _), s in zip(calls, stats, strict=True) if s is not None]
     return SyncResult(done, infos, [a[1] for a in applies], stats_error, apply_error)
 
