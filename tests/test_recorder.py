@@ -7,6 +7,7 @@ the event list keeps the newest."""
 from __future__ import annotations
 
 import threading
+import types
 
 import pytest
 
@@ -62,8 +63,8 @@ def test_a_window_closes_by_itself_once_the_interval_passed():
 
 def test_a_window_ends_with_its_last_step_not_when_it_is_closed(monkeypatch):
     # closed 60 s after its step (a step that failed meanwhile, then the recovery): not counted
-    clock = iter([100.0, 160.0])
-    monkeypatch.setattr(recorder.time, "monotonic", lambda: next(clock))
+    clock = iter([100.0, 160.0])  # the recorder's clock only: the process's own time.monotonic stays
+    monkeypatch.setattr(recorder, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
     rec = StepRecorder("job", report_interval_s=3600.0, lock=threading.RLock())
     rec.account(3, [_worker(64, [8], [8])], [_shard()], ["a"], ["a"], 0.5, 64, 0, Shape(1, 1, 64))
     rec.flush(Shape(1, 1, 64))
