@@ -335,7 +335,10 @@ def test_a_shard_hung_in_its_sum_is_stopped_alone_and_the_others_fail_on_its_nor
             ps=[tasks.Task("ps", h, "n", 0) for h in shards], workers=[tasks.Task("worker", worker, "n", 0)]
         )
         group.param_refs, group.bounds = [], []
+        t0 = time.monotonic()
         result = steps.sync_step(group, 3, np.arange(2), None, 1.0, 0, False, (0, {}), steps.Waits(2.0, 30.0))
+        # no worker failed: the sums had the step's 2 s, not the 30 s grace for failing on a lost gradient
+        assert time.monotonic() - t0 < 30.0
         assert result.applied == 0 and len(result.done) == 1 and result.stats_error is None
         assert isinstance(result.apply_error, ray.exceptions.GetTimeoutError)
         want = "ps-1 did not sum the gradients of step 3 within 2 s (step_timeout_s); taken for hung"

@@ -106,8 +106,8 @@ def sync_step(
 
     ``waits``: the step's calls are waited for at most ``waits.step_s``
     (default: :class:`JobConfig`'s); the shards' sums and updates, once a
-    worker or a shard was taken for hung, ``waits.grace_s`` more to fail on
-    its lost gradient or norm."""
+    worker or a shard failed (died, or was taken for hung), at least
+    ``waits.grace_s`` to fail on its lost gradient or norm."""
     waits = waits or Waits.of(JobConfig())
     deadline = time.monotonic() + waits.step_s
     ps, workers = group.ps, group.workers
@@ -161,16 +161,21 @@ def sync_step(
         deadline - time.monotonic(),
         f"hand in its gradient of step {step} {within}",
     )
+
+    def left(*failed: ray.exceptions.RayError | None) -> float:
+        """The step's time left; after a task failed, at least the grace to fail on what it lost."""
+        return max(deadline - time.monotonic(), waits.grace_s if any(e is not None for e in failed) else 0.0)
+
     sum_error = None
     if norms is not None:  # a shard hung in its sum is stopped alone: the others' updates then fail on its norm
         _, sum_error = tasks.answers(
             [(task_name("ps", j), p.handle, ref) for j, (p, ref) in enumerate(zip(ps, norms, strict=True))],
-            max(deadline - time.monotonic(), waits.grace_s),
+            left(stats_error),
             f"sum the gradients of step {step} {within}",
         )
     infos, apply_error = tasks.answers(
         [(task_name("ps", j), p.handle, a[0]) for j, (p, a) in enumerate(zip(ps, applies, strict=True))],
-        max(deadline - time.monotonic(), waits.grace_s),
+        left(stats_error, sum_error),
         f"apply step {step} {within}",
     )
     if isinstance(sum_error, ray.exceptions.GetTimeoutError):  # the shard it names is why the updates failed
