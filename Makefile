@@ -9,7 +9,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 # The local Kubernetes API server's tools (../shared/k8s): the Kubernetes tests run against it.
 K8S_TOOLS ?= $(firstword $(wildcard ../shared/k8s /work/shared/k8s))
 
-.PHONY: setup browser kube-apiserver demo test test-fast lint bench clean
+.PHONY: setup browser kube-apiserver demo test test-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,11 +34,15 @@ kube-apiserver:
 	@if [ -n "$(K8S_TOOLS)" ]; then $(K8S_TOOLS)/build-kube-apiserver >/dev/null; \
 	else echo "no ../shared/k8s here: the Kubernetes tests will be skipped" >&2; fi
 
-test: setup browser kube-apiserver lint
-	ELASTICPS_K8S_TOOLS=$(K8S_TOOLS) ELASTICPS_REQUIRE_K8S=$(if $(K8S_TOOLS),1,) $(PY) -m pytest -q -ra --durations=15
+PYTEST := ELASTICPS_K8S_TOOLS=$(K8S_TOOLS) ELASTICPS_REQUIRE_K8S=$(if $(K8S_TOOLS),1,) $(PY) -m pytest -q -ra --durations=15
 
-test-fast: setup
-	$(PY) -m pytest -q -m 'not slow'
+# Every test but the slow end-to-end ones (marked `slow`: several Ray nodes, servers killed and
+# restarted, the demo experiment, the peers' smoke runs), which `make test-slow` runs; CI runs both.
+test: setup browser kube-apiserver lint
+	$(PYTEST) -m 'not slow'
+
+test-slow: setup browser kube-apiserver
+	$(PYTEST) -m slow
 
 lint: setup
 	$(VENV)/bin/ruff check elasticps tests
