@@ -6,11 +6,16 @@ what a worker holds, and what is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import os
 import pickle
 import sys
+import tempfile
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +27,10 @@ from elasticps import ProgramError, load_program
 from elasticps.loop import api
 from elasticps.loop.embedding import RowClient, tables_of
 from elasticps.loop.rows import RowPush, Table, Tables, read_rows, sum_pushes
-from elasticps.runtime import relative_error
+from elasticps.runtime import relative_error, tasks
 from elasticps.runtime.flat import shard_bounds
+from elasticps.runtime.ps import PSShard
+from elasticps.runtime.steps import Waits
 from tests import loops
 from tests.helpers import kill_task, make_job, run_until_applied
 from tests.test_user_loop_faults import reference
@@ -120,6 +127,63 @@ def test_a_ps_killed_mid_epoch_with_a_table_the_job_recovers_exactly(ray_local, 
     first = report.metrics[0]
     assert first.step == 0 and first.values["loss"] == pytest.approx(want[0]["metrics"]["loss"], rel=1e-6)
     job.shutdown()
+
+
+def _hang_flag(pid: int) -> Path:
+    """While this file exists, the shard in process ``pid`` hangs in its reads of rows (:class:`_RowsHang`)."""
+    return Path(tempfile.gettempdir()) / f"elasticps-test-rows-hang-{pid}"
+
+
+class _RowsHang(PSShard):
+    """A real PS shard whose reads of rows hang while its :func:`_hang_flag` exists
+    (stuck in that call alone: its updates and pings answer)."""
+
+    @ray.method(concurrency_group="rows")
+    def read_rows(self, table: int, ids: np.ndarray, step: int) -> np.ndarray:
+        while _hang_flag(os.getpid()).exists():
+            time.sleep(0.05)
+        return super().read_rows(table, ids, step)
+
+
+@contextlib.contextmanager
+def _rows_hang_in_ps_1(job, monkeypatch):
+    """Run ``job`` (2 PS, checkpoints every 5 steps) to step 7 on shards that can hang in their
+    reads of rows, then to its end with ps-1 hung there; yields its report and the worker's pid,
+    and stops the shard and the job after."""
+    ps_class = ray.remote(concurrency_groups={"rows": 1})(tasks._with_output(_RowsHang))
+    monkeypatch.setitem(tasks._ACTOR_CLASSES, "ps", ps_class)
+    job.run(max_steps=7)
+    hung, worker = job.ps[1], job.workers[0].pid
+    flag = _hang_flag(hung.pid)
+    flag.touch()
+    try:
+        yield job.run(), worker
+    finally:
+        flag.unlink()
+        tasks.kill(hung.handle)
+        job.shutdown()
+
+
+def test_a_workers_wait_on_a_shard_hung_in_its_rows_stops_the_shard_not_the_code(ray_local, tmp_path, monkeypatch):
+    """The worker's own wait for ps-1's rows runs out before the controller's for the step (made
+    longer here: the race a task's own wait can win) and fails the worker's step naming ps-1: the
+    job takes ps-1 for hung (stopped, restored as for a hung shard), not the loop's code nor the worker."""
+    longer = classmethod(lambda cls, config: cls(4 * config.step_timeout_s, config.liveness_timeout_s))
+    monkeypatch.setattr(Waits, "of", longer)
+    kwargs = {"epochs": 1, "optimizer": "sgd"}
+    job = make_job(
+        2, 1, functools.partial(loops.tabled_bag, **kwargs), checkpoint_dir=str(tmp_path), checkpoint_every_steps=5,
+        step_timeout_s=2.0, liveness_timeout_s=5.0,
+    )  # fmt: skip
+    with _rows_hang_in_ps_1(job, monkeypatch) as (report, worker):
+        assert report.state == "finished", report.error
+        events = report.events
+        want = "WaitRanOut: the rows of table 0 (of ps-1) did not come within 2 s (step_timeout_s)"
+        assert any(want in e for e in events), events
+        assert any("1 PS shard(s) died; restored from checkpoint at step 5 (lost 2 steps)" in e for e in events), events
+        assert [w.pid for w in job.workers] == [worker] and report.step == 12
+        params, _ = reference(loops.tabled_bag, **kwargs)
+        assert relative_error(job.parameters(), params) < TOL
 
 
 def _frozen_table():

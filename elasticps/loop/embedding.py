@@ -178,6 +178,7 @@ class RowClient:
         import ray  # a worker's: Ray is running there
 
         from elasticps.runtime.bounded_get import get_within
+        from elasticps.runtime.membership import task_name
 
         if not self.shards:  # no pull yet: which shards hold the table comes with the parameters
             self.first_params()
@@ -190,8 +191,8 @@ class RowClient:
                 calls.append((j, mine, shard.read_rows.remote(t, ids[mine], self.step)))
         for j, mine, ref in calls:
             try:
-                rows = get_within(ref, self.wait_s, f"rows of table {t} from PS shard ps-{j}")
-            except ray.exceptions.RayError as exc:  # a shard died: the step will not stand
+                rows = get_within([ref], self.wait_s, f"the rows of table {t}", [task_name("ps", j)])[0]
+            except ray.exceptions.RayError as exc:  # a shard died or hung (named): the step will not stand
                 self.lost = self.lost or exc
                 continue
             out[mine] += rows  # each element from the one shard that holds it, zeros from the others

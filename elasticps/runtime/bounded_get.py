@@ -1,24 +1,53 @@
 """A task's own wait on another task's part of a step (a worker's pull of
 the shards' parameters, a shard's of the workers' gradients), bounded: a task
 that waits on a hung one gives up, and is free to answer the controller,
-instead of hanging with it."""
+instead of hanging with it. Its error names the tasks it waited on in vain
+(:class:`WaitRanOut`): the job's recovery takes those for hung, not the
+task that gave up, nor the program's code."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError
+from ray.exceptions import GetTimeoutError, RayTaskError
+
+
+class WaitRanOut(GetTimeoutError):
+    """A task's own wait ran out; ``late`` names the tasks (``ps-1``,
+    ``worker-0``) whose part did not come. It reaches the controller as a
+    :class:`RayTaskError` of the task that waited (whose ``cause`` it is)."""
+
+    def __init__(self, message: str, late: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.late = tuple(late)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # it crosses processes with its names
+        return (type(self), (str(self), self.late))
 
 
 def get_within(refs: Any, timeout_s: float, what: str, names: list[str] | None = None) -> Any:
     """``ray.get(refs)``, waited for at most ``timeout_s``; after that a
-    :class:`GetTimeoutError` that says ``what`` did not come, and from which
-    tasks (``names``: the task each of the list ``refs`` comes from)."""
+    :class:`WaitRanOut` that says ``what`` did not come, and from which
+    tasks (``names``: the task each of the list ``refs`` comes from). Another
+    task's wait that ran out (its call failed with it) is passed on as it is:
+    the task it names is the hung one, not the one waited on here."""
     try:
         return ray.get(refs, timeout=timeout_s)
     except GetTimeoutError as exc:
+        if isinstance(exc, RayTaskError):
+            raise
+        late: tuple[str, ...] = ()
         if names is not None:
-            _, late = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-            what += f" (of {', '.join(n for n, ref in zip(names, refs, strict=True) if ref in late)})"
-        raise GetTimeoutError(f"{what} did not come within {timeout_s:g} s (step_timeout_s)") from exc
+            _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+            late = tuple(n for n, ref in zip(names, refs, strict=True) if ref in pending)
+            what += f" (of {', '.join(late)})"
+        raise WaitRanOut(f"{what} did not come within {timeout_s:g} s (step_timeout_s)", late) from exc
+
+
+def waited_on(exc: BaseException) -> tuple[str, ...] | None:
+    """If ``exc`` is a task's own wait that ran out (:func:`get_within`, raised
+    in the task), the tasks it names; None for any other error (the
+    controller's own wait running out among them)."""
+    cause = exc.cause if isinstance(exc, RayTaskError) else None
+    return cause.late if isinstance(cause, WaitRanOut) else None

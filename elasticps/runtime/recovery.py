@@ -12,8 +12,9 @@ What a failed step may have left, and what restores it:
   position and a user loop's state;
 - a PS shard died: the same restore, onto new shards;
 - no task died: the program's own code failed (:class:`UserCodeError`);
-- a task did not answer within ``step_timeout_s``: it was stopped (taken for
-  hung), and the step is recovered from as from its death; the same step
+- a task did not answer within ``step_timeout_s``, or another task's own
+  wait on it ran out (the error names it): it is stopped (taken for hung),
+  and the step is recovered from as from its death; the same step
   running out of time ``MAX_STEP_TIMEOUTS`` times in a row fails the job;
 - the same step failing ``MAX_STEP_FAILURES`` times in a row, whatever the
   cause, fails the job: a program that ends its own process on that step's
@@ -65,6 +66,7 @@ import ray
 
 from elasticps.errors import ConfigError, JobFailedError, PlacementError, ProgramError, UserCodeError
 from elasticps.runtime import tasks
+from elasticps.runtime.bounded_get import waited_on
 from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore, Layout, layout_mismatch
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.membership import Shape, task_name
@@ -212,9 +214,9 @@ class Recovery:
         """
         torn = "an update failed part-way (a worker's gradient was lost)"
         step = self._step()
-        late = isinstance(exc, ray.exceptions.GetTimeoutError)
-        if late:  # the tasks it names were stopped: say why they died
-            self._event(error_text(exc))
+        late = isinstance(exc, ray.exceptions.GetTimeoutError)  # the controller's wait, or a task's own
+        if late:  # the tasks it names were stopped (or are, by _recover): say why they died
+            self._event(error_text(getattr(exc, "cause", None) or exc))
         _, times, timeouts = self._in_a_row if self._in_a_row[0] == step else (step, 0, 0)
         self._in_a_row = (step, times + 1, timeouts + late)
         if late and timeouts + 1 >= MAX_STEP_TIMEOUTS:
@@ -335,6 +337,8 @@ class Recovery:
     ) -> None:
         self._flush()  # the open window's steps ran in a row at the shape there was: the redone ones start a new one
         group = self.group
+        hung = waited_on(exc)  # a task's own wait ran out on these: they are taken for hung
+        group.stop(hung or ())
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if not tasks.is_alive(t.handle, timeout)]
         dead_workers = [t for t in group.workers if not tasks.is_alive(t.handle, timeout)]
@@ -351,7 +355,7 @@ class Recovery:
         source = state if plan.from_state else None
         if plan.restore == "torn":
             self._restore_ps(torn_why, source)
-        if plan.user_code:
+        if plan.user_code and hung is None:
             cause = getattr(exc, "cause", None) or exc
             raise UserCodeError(f"{during} failed in user code: {type(cause).__name__}: {cause}") from exc
         if dead_workers:

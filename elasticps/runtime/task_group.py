@@ -14,7 +14,7 @@ dies before then is restored from it with no step lost
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -56,8 +56,19 @@ class TaskGroup:
 
     def placement(self) -> dict[str, str]:
         """Where every task runs: ``{"ps-0": node id, "worker-0": node id, ...}``."""
-        out = {task_name("ps", i): t.node_id for i, t in enumerate(self.ps)}
-        out.update({task_name("worker", i): t.node_id for i, t in enumerate(self.workers)})
+        return {name: t.node_id for name, t in self._by_name().items()}
+
+    def stop(self, names: Iterable[str]) -> None:
+        """Kill the running tasks of ``names`` (``ps-1``, ``worker-0``: their
+        slots), taken for hung; they stay in the lists, for a recovery to find dead."""
+        by_name = self._by_name()
+        for name in names:
+            if name in by_name:
+                tasks.kill(by_name[name].handle)
+
+    def _by_name(self) -> dict[str, tasks.Task]:
+        out = {task_name("ps", i): t for i, t in enumerate(self.ps)}
+        out.update({task_name("worker", i): t for i, t in enumerate(self.workers)})
         return out
 
     def counts(self) -> tuple[int, int]:
