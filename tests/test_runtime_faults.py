@@ -34,6 +34,7 @@ from elasticps.runtime import (
     train_single_process,
     user_loop,
 )
+from elasticps.runtime.bounded_get import waited_on
 from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES, MAX_STEP_TIMEOUTS
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.task_group import TaskGroup
@@ -297,10 +298,16 @@ def test_a_task_waiting_on_a_hung_one_gives_up_in_time_and_stays_free(ray_local)
 
 @ray.remote
 class _StepWorker:
-    """A worker whose step hands in its statistics and one gradient slice per shard at once."""
+    """A worker whose step hands in its statistics and one gradient slice per shard at once,
+    or (``hang``) never."""
 
-    def step(self, *args, **kwargs):
-        return {"samples": 1}, np.zeros(1), np.zeros(1)
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
+
+    def step(self, step, part, param_refs, bounds, denominator, seed, measure, same_node, *args, **kwargs):
+        if self.hang:
+            time.sleep(3600)
+        return {"samples": len(part)}, *[np.zeros(1)] * len(same_node)
 
 
 @ray.remote
@@ -311,12 +318,12 @@ class _NormShard:
     def __init__(self, hang: bool) -> None:
         self.hang = hang
 
-    def reduce(self, step, grads, lr):
+    def reduce(self, step, grads, lr, senders):
         if self.hang:
             time.sleep(3600)
         return {}
 
-    def apply(self, step, grads, measure, copy_out, lr, norms, lr_factor=1.0):
+    def apply(self, step, grads, measure, copy_out, lr, norms, lr_factor=1.0, senders=None):
         ray.get(list(norms))
         return {}, np.zeros(1)
 
@@ -348,6 +355,28 @@ def test_a_shard_hung_in_its_sum_is_stopped_alone_and_the_others_fail_on_its_nor
             ray.get(shards[1].__ray_ready__.remote(), timeout=30)
     finally:
         for h in (worker, *shards):
+            ray.kill(h)
+
+
+def test_a_shards_wait_for_a_gradient_that_runs_out_names_the_worker(ray_local):
+    """A real shard waits for the step's gradients at most its wait_s (0.5 s here), less than the
+    step's time: its error names the worker whose gradient did not come (worker-1; worker-2, with
+    no samples, sent none), for the job to take that worker for hung."""
+    workers = [_StepWorker.remote(), _StepWorker.remote(hang=True), _StepWorker.remote()]
+    ps = tasks.launch("ps", digits.program(), SMALL, 1, None, wait_s=0.5)
+    try:
+        ray.get([ps.ready_ref, *[w.__ray_ready__.remote() for w in workers]], timeout=180)
+        group = SimpleNamespace(
+            ps=[tasks.Task("ps", ps.handle, "n", 0)], workers=[tasks.Task("worker", w, "n", 0) for w in workers]
+        )
+        group.param_refs, group.bounds = [], []
+        result = steps.sync_step(group, 3, np.arange(2), None, 0.1, 0, False, None, steps.Waits(2.0, 10.0))
+        assert result.applied == 0 and [w.handle for w, _ in result.done] == workers[:1]
+        assert str(result.stats_error).startswith("worker-1 did not hand in its gradient of step 3 within 2 s")
+        assert "the workers' gradients of step 3 (of worker-1) did not come within 0.5 s" in str(result.apply_error)
+        assert waited_on(result.apply_error) == ("worker-1",)
+    finally:
+        for h in (ps.handle, *workers):
             ray.kill(h)
 
 

@@ -151,18 +151,25 @@ class PSShard:
         self._old_shm, self._param_shm = [], None
 
     # -- training ---------------------------------------------------------------
-    def reduce(self, step: int, grads: list[ray.ObjectRef], lr: dict[str, Any] | None = None) -> dict[str, float]:
+    def reduce(
+        self,
+        step: int,
+        grads: list[ray.ObjectRef],
+        lr: dict[str, Any] | None = None,
+        senders: list[str] | None = None,
+    ) -> dict[str, float]:
         """Sum the workers' gradient slices for ``step`` and keep the sum for
         :meth:`apply`; returns what every shard needs to clip by the norm of the
         whole gradient: this slice's part of the norm that the user loop's
-        statistics ``lr`` ask for (``clip``), nothing when it does not clip."""
-        total, received_at = self._sum(step, grads)
+        statistics ``lr`` ask for (``clip``), nothing when it does not clip.
+        ``senders``: as :meth:`apply`'s."""
+        total, received_at = self._sum(step, grads, senders)
         self._summed = (step, total, received_at)
         clip = lr.get("clip") if isinstance(lr, dict) else None
         return {} if clip is None else norm_part(total, clip[1])
 
-    def _sum(self, step: int, grads: list[ray.ObjectRef]) -> tuple[np.ndarray, float]:
-        pushed = get_within(grads, self.wait_s, f"the workers' gradients of step {step}")
+    def _sum(self, step: int, grads: list[ray.ObjectRef], senders: list[str] | None) -> tuple[np.ndarray, float]:
+        pushed = get_within(grads, self.wait_s, f"the workers' gradients of step {step}", senders)
         received_at = time.time()
         if self.tables:
             with self.cpu_limit.held():
@@ -192,6 +199,7 @@ class PSShard:
         lr: float | dict[str, Any] | None = None,
         norms: list[dict[str, float]] | None = None,
         lr_factor: float = 1.0,
+        senders: list[str] | None = None,
     ) -> tuple[dict[str, float], np.ndarray | ShmRef | DenseSlice]:
         """Sum the workers' gradient slices for ``step`` (in the order given) and update.
 
@@ -212,6 +220,9 @@ class PSShard:
         ``lr_factor``: a loop's adaptive-batch factor on each group's lr (this
         shard's copy of the hyperparameters only; the user's optimizer keeps its
         own). The measured norm is the gradient's before any clipping.
+        ``senders``: the worker each of ``grads`` comes from (``worker-2``: a
+        worker with no samples sends none, so a gradient's place in the list is
+        not its worker's), named if its gradient does not come in time.
         """
         if norms is not None:
             shards = [task_name("ps", j) for j in range(len(norms))]
@@ -219,7 +230,7 @@ class PSShard:
             summed_step, total, received_at = self._summed
             assert summed_step == step, f"reduce of step {summed_step}, apply of step {step}"
         else:
-            total, received_at = self._sum(step, grads)
+            total, received_at = self._sum(step, grads, senders)
         info = {"received_at": received_at}
         if measure:
             info["grad_sqnorm"] = float(np.dot(total, total))

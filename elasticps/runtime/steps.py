@@ -139,9 +139,10 @@ def sync_step(
         factor = {"lr_factor": lr}  # a float beside the stats ref, which Ray resolves as a top-level argument
         lr = calls[0][2][0]
     grads = [[refs[j + 1] for _, _, refs in calls] for j in range(len(ps))]
+    senders = [task_name("worker", rank) for rank, _, _ in calls]  # a gradient's place is not its worker's
     norms = None
     if loop is not None and len(ps) > 1:  # shards sum first and share their norms: a loop may clip globally
-        norms = [p.handle.reduce.remote(step, g, lr) for p, g in zip(ps, grads, strict=True)]
+        norms = [p.handle.reduce.remote(step, g, lr, senders) for p, g in zip(ps, grads, strict=True)]
         grads = [[] for _ in ps]
     applies = [
         p.handle.apply.options(num_returns=2).remote(
@@ -152,6 +153,7 @@ def sync_step(
             lr,
             *([norms] if norms is not None else []),
             **factor,
+            senders=senders,
         )
         for j, p in enumerate(ps)
     ]
@@ -274,7 +276,9 @@ def async_segment(
             discarded(rank, staleness)
         else:
             applies = [
-                p.handle.apply.options(num_returns=2).remote(step(), [refs[j + 1]], False, True, lr())
+                p.handle.apply.options(num_returns=2).remote(
+                    step(), [refs[j + 1]], False, True, lr(), senders=[task_name("worker", rank)]
+                )
                 for j, p in enumerate(group.ps)
             ]
             infos, error = tasks.answers(
