@@ -164,21 +164,27 @@ def _rows_hang_in_ps_1(job, monkeypatch):
         job.shutdown()
 
 
-def test_a_workers_wait_on_a_shard_hung_in_its_rows_stops_the_shard_not_the_code(ray_local, tmp_path, monkeypatch):
-    """The worker's own wait for ps-1's rows runs out before the controller's for the step (made
-    longer here: the race a task's own wait can win) and fails the worker's step naming ps-1: the
-    job takes ps-1 for hung (stopped, restored as for a hung shard), not the loop's code nor the worker."""
-    longer = classmethod(lambda cls, config: cls(4 * config.step_timeout_s, config.liveness_timeout_s))
-    monkeypatch.setattr(Waits, "of", longer)
+@pytest.mark.parametrize("controller", ["waits as configured", "waits longer"])
+def test_a_shard_hung_in_a_read_of_rows_is_named_by_the_worker_stopped_and_restored(
+    ray_local, tmp_path, monkeypatch, controller
+):
+    """The worker's own wait for ps-1's rows (half the step's time) runs out before the controller's
+    wait for the step and fails the worker's step naming ps-1: the job takes ps-1 for hung (stopped,
+    restored as a shard hung in its update is), not the loop's code nor the worker, and goes on exactly.
+    ``waits longer``: the controller's wait made longer still (it has the grace to fail on what a
+    failed task lost), so that only the task's own wait can find the hung shard."""
+    if controller == "waits longer":
+        longer = classmethod(lambda cls, config: cls(4 * config.step_timeout_s, config.liveness_timeout_s))
+        monkeypatch.setattr(Waits, "of", longer)
     kwargs = {"epochs": 1, "optimizer": "sgd"}
     job = make_job(
         2, 1, functools.partial(loops.tabled_bag, **kwargs), checkpoint_dir=str(tmp_path), checkpoint_every_steps=5,
-        step_timeout_s=2.0, liveness_timeout_s=5.0,
+        step_timeout_s=4.0, liveness_timeout_s=5.0,
     )  # fmt: skip
     with _rows_hang_in_ps_1(job, monkeypatch) as (report, worker):
         assert report.state == "finished", report.error
         events = report.events
-        want = "WaitRanOut: the rows of table 0 (of ps-1) did not come within 2 s (step_timeout_s)"
+        want = "WaitRanOut: the rows of table 0 (of ps-1) did not come within 2 s (0.5 of step_timeout_s)"
         assert any(want in e for e in events), events
         assert any("1 PS shard(s) died; restored from checkpoint at step 5 (lost 2 steps)" in e for e in events), events
         assert [w.pid for w in job.workers] == [worker] and report.step == 12

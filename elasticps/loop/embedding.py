@@ -24,6 +24,11 @@ from elasticps.errors import ProgramError
 from elasticps.loop import api
 from elasticps.loop.rows import DenseSlice, RowPush, Table, Tables
 
+#: The part of a step's time (``step_timeout_s``) that a read of a shard's rows
+#: may wait: a worker finds a hung shard, and names it, before the step's time
+#: runs out and the controller takes the worker itself for hung.
+READ_SHARE = 0.5
+
 
 class Embedding(torch.nn.Embedding):
     """``torch.nn.Embedding(num_embeddings, embedding_dim, padding_idx)`` whose
@@ -145,10 +150,10 @@ class RowClient:
     ) -> None:
         """``first_params()`` waits for the job's parameters, which a read before
         the loop's first batch needs (an evaluation before training); ``wait_s``:
-        how long a read of a shard's rows may take (the job's ``step_timeout_s``:
-        a hung shard's read counts as lost)."""
+        the job's ``step_timeout_s``, of which a read of a shard's rows may take
+        ``READ_SHARE`` (a hung shard's read counts as lost)."""
         self.tables = tables
-        self.wait_s = wait_s
+        self.wait_s = wait_s * READ_SHARE
         self.first_params = first_params
         self.index = {id(m): i for i, m in enumerate(modules)}
         self.param_ids = {id(m.weight) for m in modules}
@@ -184,6 +189,8 @@ class RowClient:
             self.first_params()
         table = self.tables.tables[t]
         out = np.zeros((len(ids), table.dim), np.float32)
+        if self.lost is not None:  # the step will not stand: a hung shard costs the batch one wait, not one a read
+            return out
         calls = []
         for j, (shard, lo, hi) in enumerate(self.shards):
             mine = table.touches(ids, lo, hi)
@@ -191,7 +198,8 @@ class RowClient:
                 calls.append((j, mine, shard.read_rows.remote(t, ids[mine], self.step)))
         for j, mine, ref in calls:
             try:
-                rows = get_within([ref], self.wait_s, f"the rows of table {t}", [task_name("ps", j)])[0]
+                name, limit = task_name("ps", j), f"{READ_SHARE:g} of step_timeout_s"
+                rows = get_within([ref], self.wait_s, f"the rows of table {t}", [name], limit)[0]
             except ray.exceptions.RayError as exc:  # a shard died or hung (named): the step will not stand
                 self.lost = self.lost or exc
                 continue

@@ -26,10 +26,13 @@ class WaitRanOut(GetTimeoutError):
         return (type(self), (str(self), self.late))
 
 
-def get_within(refs: Any, timeout_s: float, what: str, names: list[str] | None = None) -> Any:
-    """``ray.get(refs)``, waited for at most ``timeout_s``; after that a
-    :class:`WaitRanOut` that says ``what`` did not come, and from which
-    tasks (``names``: the task each of the list ``refs`` comes from). Another
+def get_within(
+    refs: Any, timeout_s: float, what: str, names: list[str] | None = None, limit: str = "step_timeout_s"
+) -> Any:
+    """``ray.get(refs)``, waited for at most ``timeout_s`` (``limit`` says
+    what sets it); after that a :class:`WaitRanOut` that says ``what`` did
+    not come, and from which tasks (``names``: the task each of the list
+    ``refs`` comes from). Another
     task's wait that ran out (its call failed with it) is passed on as it is:
     the task it names is the hung one, not the one waited on here."""
     try:
@@ -42,7 +45,7 @@ def get_within(refs: Any, timeout_s: float, what: str, names: list[str] | None =
             _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=0)
             late = tuple(n for n, ref in zip(names, refs, strict=True) if ref in pending)
             what += f" (of {', '.join(late)})"
-        raise WaitRanOut(f"{what} did not come within {timeout_s:g} s (step_timeout_s)", late) from exc
+        raise WaitRanOut(f"{what} did not come within {timeout_s:g} s ({limit})", late) from exc
 
 
 def waited_on(exc: BaseException) -> tuple[str, ...] | None:
