@@ -69,6 +69,38 @@ def test_the_cpu_new_processes_took_to_start_is_kept_with_its_change():
     assert cpu_seconds(2**22 + 1) is None  # above Linux's largest pid: no such process
 
 
+def test_what_standbys_cost_before_the_window_is_kept_apart_and_judged_beside_the_peers():
+    def grown(paid: dict[str, float]) -> Timeline:
+        tl = Timeline("elasticps_standby", before_window=paid)
+        _steady(tl, 0.0, 10.0, 100, 2)
+        tl.mark(10.0, 4)
+        _steady(tl, 10.5, 20.0, 200, 4)  # a 0.5 s stall
+        return tl
+
+    paid = {"standby_workers": 2, "standby_start_s": 4.0, "standby_start_cpu_s": 6.0}
+    costs = summarize(grown(paid))
+    assert costs["samples_lost"] == summarize(grown({}))["samples_lost"] > 0  # not counted in the losses
+    assert costs["before_window"] == paid and grown(paid).to_json()["before_window"] == paid
+    medians = peers._median_costs([grown(paid), grown({**paid, "standby_start_cpu_s": 8.0})])
+    assert medians["before_window"]["standby_start_cpu_s"] == 7.0
+    assert [r["before_window"]["standby_start_cpu_s"] for r in medians["repeats"]] == [6.0, 8.0]
+    out = {
+        "setup": {"table_mib": {}},
+        "throughput": {},
+        "memory": {},
+        "limit": {},
+        "resize": {
+            "elasticps_standby": medians,
+            "torchrun": {**medians, "samples_lost": 20 * medians["samples_lost"], "before_window": {}},
+        },
+    }
+    goals = peers.goals(out)
+    assert goals["resize_standby_samples_lost_20x_fewer_than_torchrun"] is True
+    assert goals["resize_standby_samples_lost_20x_fewer_than_ray_train"] is None  # not run
+    assert goals["resize_samples_lost_20x_fewer_than_torchrun"] is None  # elasticps without standbys: not run
+    assert "paid before the timed window: standby_workers 2, standby_start_s 4" in report.table(out)
+
+
 def test_steps_redone_after_a_restart_are_not_progress():
     rows = [(0.1 * i, i, 2, 1.0) for i in range(10)]  # steps 0..9
     rows += [(5.0 + 0.1 * i, 8 + i, 4, 1.0) for i in range(6)]  # restarted from step 8: 8, 9 redone
@@ -100,7 +132,7 @@ def quick_run():
         repeats=1,
         steps=3,
         three_nodes=False,
-        resize_systems=("elasticps", "torchrun"),
+        resize_systems=("elasticps", "elasticps_standby", "torchrun"),
         resize_hold_s=2.0,
         resize_repeats=1,
         limit_repeats=0,
@@ -136,11 +168,17 @@ def test_every_system_trains_the_same_job_and_the_json_has_the_published_layout(
     figures = out["goal_figures"]["embedding"]["2"]
     assert figures["elasticps_worker_peak_mib"] == out["memory"]["embedding"]["2"]["elasticps"]["worker_peak_mib"]
     assert out["goals"]["embedding_elasticps>ddp_at_every_W"] == (figures["elasticps"] > figures["ddp_gloo"])
-    assert set(out["resize"]) == {"elasticps", "torchrun"}
+    assert set(out["resize"]) == {"elasticps", "elasticps_standby", "torchrun"}
     for system, cost in out["resize"].items():
         assert cost["samples_lost"] >= 0 and cost["seconds_to_full_speed"] > 0, (system, cost)
         assert cost["trained"], system
         assert [c["to_workers"] for c in cost["repeats"][0]["changes"]] == [4, 2]
+    # the standbys' start is paid before the timed window, and kept apart: their grow starts no process
+    paid = out["resize"]["elasticps_standby"]["before_window"]
+    assert paid["standby_workers"] == 2 and paid["standby_start_cpu_s"] > 0 and paid["standby_start_s"] > 0
+    [grow, _] = out["resize"]["elasticps_standby"]["repeats"][0]["changes"]
+    assert grow["start_cpu_s"] < paid["standby_start_cpu_s"] / 2, (grow, paid)
+    assert out["resize"]["elasticps"]["before_window"] == {}
     assert out["trained"]
     assert "peak RSS, MiB (worker / PS): elasticps" in report.table(out)
     assert report.plot(out, tmp_path / "peers.png").stat().st_size > 0

@@ -55,6 +55,17 @@ def test_a_runs_step_timeout_reaches_its_job_and_a_bad_one_is_refused_before_ray
         assert want in out.stderr, out.stderr
 
 
+def test_a_runs_standby_workers_reach_its_job_and_a_bad_count_is_refused():
+    def parse(*extra: str):
+        return build_parser().parse_args(["train", "nothing.here:program", *extra])
+
+    assert job_config(parse("--standby-workers", "2")).standby_workers == 2
+    assert job_config(parse()).standby_workers == 0
+    for bad in ("-1", "1.5", "two"):
+        with pytest.raises(SystemExit):
+            parse("--standby-workers", bad)
+
+
 def test_the_current_directory_is_on_the_path_for_the_driver_and_the_workers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])

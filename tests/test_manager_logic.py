@@ -683,13 +683,15 @@ def test_jobs_named_like_the_workdirs_secrets_keep_their_files_apart(tmp_path):
     check_invariants(manager)
 
 
-def test_a_specs_step_timeout_reaches_its_runtime_and_none_keeps_the_runtimes_default(env):
+def test_a_specs_step_timeout_and_standbys_reach_its_runtime_and_none_keeps_the_runtimes_default(env):
     manager, runtime, _ = env
-    manager.submit(parse_spec(SPEC.format(name="slow", cpu=1) + "step_timeout_s: 1800\n"))
+    manager.submit(parse_spec(SPEC.format(name="slow", cpu=1) + "step_timeout_s: 1800\nstandby_workers: 2\n"))
     submit(manager, "usual")
     manager.step()
     assert runtime.latest("slow").launch.config.step_timeout_s == 1800.0
+    assert runtime.latest("slow").launch.config.standby_workers == 2
     assert runtime.latest("usual").launch.config.step_timeout_s == JobConfig().step_timeout_s
+    assert runtime.latest("usual").launch.config.standby_workers == 0
 
 
 def test_a_workdir_of_the_older_layout_has_its_job_folders_moved(tmp_path):

@@ -50,6 +50,11 @@ def test_a_good_spec_parses_with_defaults():
         (GOOD.replace("cpu: 0.5", "cpu: -1"), "field 'ps.cpu': Input should be greater than 0"),
         (GOOD + "step_timeout_s: 0\n", "field 'step_timeout_s': Input should be greater than 0"),
         (GOOD + "step_timeout_s: .inf\n", "field 'step_timeout_s': Input should be a finite"),
+        (GOOD + "standby_workers: -1\n", "field 'standby_workers': Input should be greater than or equal to 0"),
+        (
+            GOOD.replace("cpu: 1", "cpu: 1, gpu: 1") + "standby_workers: 2\n",
+            "field 'standby_workers': .*CPU workers only",
+        ),
         (GOOD + "colour: red\n", r"field 'colour': unknown field \(fields: name, program, "),
         (GOOD.replace("objective: efficiency", "objective: fastest"), "field 'objective'"),
         ("name: [unclosed", "not valid YAML"),

@@ -265,7 +265,9 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--workloads", help="peers: comma-separated (dense_mlp_10m,transformer,embedding)")
     bench.add_argument("--workers", help="peers: comma-separated worker counts (1,2,4)")
     bench.add_argument("--repeats", type=int, default=None, help="peers: repeats of every measurement (3)")
-    bench.add_argument("--resize-systems", help="peers: comma-separated (elasticps,ray_train,torchrun; '' for none)")
+    bench.add_argument(
+        "--resize-systems", help="peers: comma-separated (elasticps,elasticps_standby,ray_train,torchrun; '' for none)"
+    )
     bench.add_argument("--plot", default="out/bench-peers.png", help="peers: where to write the plot")
     bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
     bench.add_argument("--nodes", type=int, default=256, help="scheduler: number of nodes")

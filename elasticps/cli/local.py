@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from elasticps.cli.common import default_workdir
+from elasticps.cli.common import default_workdir, nonnegative_int
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -96,7 +96,11 @@ def job_config(args: argparse.Namespace) -> Any:
 
     timeout = {} if args.step_timeout_s is None else {"step_timeout_s": args.step_timeout_s}
     return JobConfig(
-        mode=args.mode, checkpoint_dir=args.checkpoint_dir, report_interval_s=args.report_interval_s, **timeout
+        mode=args.mode,
+        checkpoint_dir=args.checkpoint_dir,
+        report_interval_s=args.report_interval_s,
+        standby_workers=args.standby_workers,
+        **timeout,
     )
 
 
@@ -262,6 +266,13 @@ def add_parsers(sub: Any) -> None:
         type=seconds,
         help="seconds a step may take before the tasks late in it are taken for hung, stopped and replaced "
         "(default 600); the first step counts its warm-up (a loop's code up to its first batch, compilation)",
+    )
+    train.add_argument(
+        "--standby-workers",
+        type=nonnegative_int,
+        default=0,
+        help="worker processes started ahead, holding no resources until a grow takes one (default 0); "
+        "each costs its process's memory for the run and its start's CPU once",
     )
     train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     train.add_argument(

@@ -119,6 +119,7 @@ class Applier:
             checkpoint_dir=str(folder / "checkpoints"),
             checkpoint_every_steps=spec.checkpoint_every_steps,
             **({} if spec.step_timeout_s is None else {"step_timeout_s": spec.step_timeout_s}),
+            standby_workers=spec.standby_workers,
             report_interval_s=self.report_interval_s,
             ps_resources=runtime_resources(spec.ps),
             worker_resources=runtime_resources(spec.workers),

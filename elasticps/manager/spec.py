@@ -10,6 +10,7 @@ workers: {min: 1, max: 8, cpu: 1, memory_gb: 2}
 objective: goodput                           # optional: goodput | speed | efficiency
 checkpoint_every_steps: 100
 step_timeout_s: 1800                         # optional: a step slower than this is taken for hung (default 600)
+standby_workers: 2                           # optional: CPU workers kept started ahead for grows (default 0)
 runtime_env:                                 # optional: Ray's runtime_env for the job's processes
   working_dir: /path/to/code                 # a directory on the server's machine, or a URI (s3://, https://...zip)
   py_modules: []                             # more directories or URIs put on sys.path
@@ -34,7 +35,15 @@ import typing
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from elasticps.errors import ConfigError
 
@@ -115,6 +124,9 @@ class JobSpec(BaseModel):
     step_timeout_s: float | None = Field(
         None, gt=0, le=1e7, description="seconds a step may take before its late tasks are taken for hung"
     )
+    standby_workers: int = Field(
+        0, ge=0, le=MAX_TASKS, description="CPU worker processes started ahead, for grows to take (no GPUs)"
+    )
     runtime_env: RuntimeEnvSpec | None = None
 
     @field_validator("name")
@@ -156,6 +168,14 @@ class JobSpec(BaseModel):
     def _at_least_one(cls, v: TaskSpec) -> TaskSpec:
         if v.min < 1:
             raise ValueError("min must be >= 1: a parameter-server job needs at least one PS and one worker")
+        return v
+
+    @field_validator("standby_workers")
+    @classmethod
+    def _standby_cpu_only(cls, v: int, info: ValidationInfo) -> int:
+        workers = info.data.get("workers")  # validated before it (absent if it was not valid)
+        if v and workers is not None and workers.gpu:
+            raise ValueError("standby workers are CPU workers only: 'workers' asks for GPUs")
         return v
 
 

@@ -85,6 +85,16 @@ class JobConfig:
             its own: a new worker starts sooner (the demo's digits CNN: see
             ``elasticps bench runtime``). A dataset that cannot be pickled is
             built by each worker, as with False.
+        standby_workers: how many worker processes the job keeps constructed
+            ahead, holding no Ray resources while they wait (0: none). A grow
+            takes a standby instead of starting a process (its node must be the
+            one the slot is pinned to, and have room now); before it trains, a
+            placement group reserves its ``worker_resources`` on its node, so
+            Ray and other tenants see them used, and a shrink returns it to the
+            standbys with that reservation released. The cost: each standby's
+            process and its model's memory for the job's whole life, and its
+            start's CPU, paid once while the job's first steps run. CPU workers
+            of a program's own steps only (not a user's own loop, not GPUs).
         ps_resources / worker_resources: what each task asks of Ray.
         ps_threads / worker_threads: torch intra-op threads per task.
     """
@@ -98,6 +108,7 @@ class JobConfig:
     liveness_timeout_s: float = 10.0
     step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S
     replace_dead_workers: bool = True
+    standby_workers: int = 0
     gns_every_steps: int = 10
     shared_memory: bool = True
     share_dataset: bool = True
@@ -115,6 +126,12 @@ class JobConfig:
             raise ConfigError("gns_every_steps must be >= 0")
         if self.checkpoint_every_steps < 0:
             raise ConfigError("checkpoint_every_steps must be >= 0")
+        if isinstance(self.standby_workers, bool) or not isinstance(self.standby_workers, int):
+            raise ConfigError(f"standby_workers must be an int, got {self.standby_workers!r}")
+        if self.standby_workers < 0:
+            raise ConfigError(f"standby_workers must be >= 0, got {self.standby_workers}")
+        if self.standby_workers and self.worker_resources.gpu:
+            raise ConfigError("standby_workers keeps CPU workers only: worker_resources asks for GPUs")
         for name in ("report_interval_s", "placement_timeout_s", "liveness_timeout_s", "step_timeout_s"):
             if not 0 < getattr(self, name) < math.inf:  # Ray's waits take finite timeouts only
                 raise ConfigError(f"{name} must be > 0 and finite")

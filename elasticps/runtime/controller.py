@@ -45,6 +45,7 @@ from elasticps.runtime.recovery import Checkpoints, Recovery
 from elasticps.runtime.reports import EpochReport, JobReport, RescaleRecord, WindowReport
 from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
+from elasticps.runtime.standby import StandbyPool
 from elasticps.runtime.task_group import TaskGroup
 
 log = logging.getLogger("elasticps.runtime")
@@ -82,6 +83,8 @@ class JobController(JobLoop):
         self.config = config or JobConfig()
         if user_loop.is_loop(self.program) and self.config.mode != "sync":
             raise ConfigError(f"{self.program.name}: a user's own loop trains in sync mode only")
+        if user_loop.is_loop(self.program) and self.config.standby_workers:
+            raise ConfigError(f"{self.program.name}: standby_workers needs a TrainingProgram, not a user's own loop")
         check_shape(num_ps, num_workers, placement or {})
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -98,12 +101,17 @@ class JobController(JobLoop):
         self._loop = user_loop.LoopState(self._lock, MAX_WINDOWS, self.config.step_timeout_s) if loop else None
         self._requests = Requests(Shape(num_ps, num_workers, dict(placement or {})), self._lock)
         self._progress = Progress(self.program, self._lock)
+        size = self.config.standby_workers
+        self._standby = StandbyPool(size, self.config.liveness_timeout_s) if size else None
         self._group = TaskGroup(
-            self._lock, on_join=self._loop_join if self._loop else None, timeout_s=self.config.placement_timeout_s
+            self._lock,
+            on_join=self._loop_join if self._loop else None,
+            timeout_s=self.config.placement_timeout_s,
+            park=self._standby.park if self._standby is not None else None,
         )
         self._record = StepRecorder(self.program.name, self.config.report_interval_s, self._lock, on_window)
         hooks = JobHooks(self._event, self._flush_window, lambda: self._progress.step)
-        self._rescale = Rescaler(self.program, self.config, self._group, self._requests, hooks)
+        self._rescale = Rescaler(self.program, self.config, self._group, self._requests, hooks, self._standby)
         self._checkpoints = Checkpoints(self.config, self._event)
         self._recovery = Recovery(self._rescale, self._checkpoints, hooks, self._rewind, self._loops_back)
         self._evaluate = Evaluator(self.program)
@@ -220,6 +228,10 @@ class JobController(JobLoop):
         are not in use yet: ``{task name: node id}`` (they already hold resources)."""
         return self._rescale.starting()
 
+    def standbys(self) -> list[tasks.Task]:
+        """The standby workers that run now, waiting for a grow (see ``JobConfig.standby_workers``)."""
+        return self._standby.idle() if self._standby is not None else []
+
     def prepare(self, timeout_s: float | None = None) -> bool:
         """Start the tasks of the newest rescale request and wait (at most
         ``timeout_s``) until they run, without training meanwhile. The switch
@@ -277,6 +289,7 @@ class JobController(JobLoop):
         self.state = "running"
         if self._checkpoints.store and ckpt is None:
             self._checkpoint_now()
+        self._rescale.fill_standby()  # in the background: the first steps do not wait for them
 
     def run_in_thread(self, max_steps: int | None = None) -> threading.Thread:
         """Run :meth:`run` in a daemon thread; the caller may rescale and report meanwhile.
@@ -299,6 +312,9 @@ class JobController(JobLoop):
         self._group.retire_all()
         if self._rescale.pending:
             self._rescale.cancel_pending()
+        if self._standby is not None:
+            self._standby.close()
+            self._group.nodes_used |= self._standby.nodes_used
         self._group.sweep()
         self._rescale.dataset_ref = None  # freed from the object store
 

@@ -245,9 +245,9 @@ class Recovery:
             f"the rescale to {shape.num_ps}x{shape.num_workers} failed while it was switched in: {failed.cause_text}"
         )
         timeout = self.config.liveness_timeout_s
-        dead_starting = sum(not tasks.is_alive(h, timeout) for h in failed.starting)
-        for handle in failed.starting:
-            tasks.kill(handle)
+        dead_starting = sum(not tasks.is_alive(p.handle, timeout) for p in failed.starting)
+        for p in failed.starting:
+            tasks.stop(p)
         try:
             self._recover(
                 failed.cause,
@@ -306,7 +306,7 @@ class Recovery:
             except (ray.exceptions.RayError, PlacementError) as exc:
                 died = self._died_starting(exc, started)  # before the kill below, which would make every task dead
                 for p in pending.starting():
-                    tasks.kill(p.handle)
+                    tasks.stop(p)
                 if not died:
                     raise
                 self.group.nodes_used.update(t.node_id for t in started)  # swept at shutdown
@@ -374,7 +374,7 @@ class Recovery:
         names = [task_name("worker", i) for i in pending.new_workers]
         started = tasks.wait_ready(list(pending.new_workers.values()), self.config.placement_timeout_s, names)
         for p in pending.new_ps.values():
-            tasks.kill(p.handle)
+            tasks.stop(p)
         self.group.install(Shape(len(self.group.ps), len(started)), {}, dict(enumerate(started)), None, self._step())
         self._event(f"replaced all workers ({len(started)})")
 
@@ -397,7 +397,7 @@ class Recovery:
             Shape(num_ps, len(group.workers), placement), self.requests.applied, "restore", strict=False
         )
         for p in pending.new_workers.values():
-            tasks.kill(p.handle)
+            tasks.stop(p)
         names = [task_name("ps", i) for i in pending.new_ps]
         started = tasks.wait_ready(list(pending.new_ps.values()), self.config.placement_timeout_s, names)
         shape = Shape(num_ps, len(group.workers))

@@ -6,7 +6,8 @@ does the shape change: the running shards' state is gathered, re-cut over the
 new PS list and installed before the next step reads it, so no step sees half
 a shape. Tasks of one kind are interchangeable, so a running task on the node
 a slot wants fills it (:func:`~elasticps.runtime.slots.match_slots`) and a
-shrink starts nothing.
+shrink starts nothing; a new worker's slot takes a standby worker, started
+ahead, where there is one (:mod:`~elasticps.runtime.standby`).
 
 The decisions (which request to act on, when to release first, when to give
 up) are :mod:`elasticps.runtime.membership`'s; this module carries them out
@@ -24,7 +25,7 @@ import ray
 
 from elasticps.errors import PlacementError
 from elasticps.runtime import tasks
-from elasticps.runtime.config import JobConfig
+from elasticps.runtime.config import JobConfig, TaskResources
 from elasticps.runtime.membership import (
     Kind,
     PendingChange,
@@ -39,6 +40,7 @@ from elasticps.runtime.membership import (
 from elasticps.runtime.reports import RescaleRecord
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.slots import fits_now, match_slots
+from elasticps.runtime.standby import StandbyPool
 from elasticps.runtime.task_group import TaskGroup
 
 
@@ -65,8 +67,8 @@ def error_text(exc: BaseException) -> str:
 class SwitchFailed(Exception):
     """A task died (or failed) while a shape change was switched in at a boundary.
 
-    ``request_id``/``shape``: the change's request; ``starting``: the handles of
-    its new tasks (to stop: the change is off); ``state``: the shards' whole
+    ``request_id``/``shape``: the change's request; ``starting``: its new
+    tasks, pending (to stop: the change is off); ``state``: the shards' whole
     state, gathered at this step before the install failed (the install may
     have re-cut some shards, so they are torn; None: nothing was gathered, the
     shards are as the last step left them); ``cause``: the error."""
@@ -82,7 +84,15 @@ class SwitchFailed(Exception):
 class Rescaler:
     """Carries a job's rescale ``requests`` out on ``group``."""
 
-    def __init__(self, program: Any, config: JobConfig, group: TaskGroup, requests: Requests, hooks: JobHooks) -> None:
+    def __init__(
+        self,
+        program: Any,
+        config: JobConfig,
+        group: TaskGroup,
+        requests: Requests,
+        hooks: JobHooks,
+        standby: StandbyPool | None = None,
+    ) -> None:
         self.program = program
         self.config = config
         self.group = group
@@ -94,6 +104,7 @@ class Rescaler:
         self._switch_failures: dict[int, int] = {}  # request id: how often its switch failed
         self.suspects = SuspectNodes()  # nodes where tasks died: not pinned to for a while
         self.dataset_ref: Any = None  # the training set in the object store, for new workers (None: they build it)
+        self.standby = standby  # workers started ahead, taken before fresh ones (None: none)
 
     def _resources(self, kind: Kind) -> Any:
         return self.config.ps_resources if kind == "ps" else self.config.worker_resources
@@ -191,7 +202,7 @@ class Rescaler:
         new: dict[Kind, dict[int, tasks.PendingTask]] = {"ps": {}, "worker": {}}
         kept: dict[Kind, dict[int, tasks.Task]] = {"ps": {}, "worker": {}}
         current: dict[Kind, list[tasks.Task]] = {"ps": self.group.ps, "worker": self.group.workers}
-        threads = {"ps": self.config.ps_threads, "worker": self.config.worker_threads}
+        claimed: list[tuple[str, dict[str, float]]] = []  # what the standbys taken will reserve
         kind: Kind
         try:
             for kind in ("ps", "worker"):
@@ -209,24 +220,36 @@ class Rescaler:
                         continue
                     if node is not None:
                         tasks.check_fits(task_name(kind, i), node, self._resources(kind), nodes)
-                    new[kind][i] = tasks.launch(
-                        kind,
-                        self.program,
-                        self._resources(kind),
-                        threads[kind],
-                        node,
-                        shared_memory=self.config.mode == "sync" and self.config.shared_memory,
-                        dataset=self.dataset_ref,
-                        name=task_name(kind, i),
-                        wait_s=self.config.step_timeout_s,
-                    )
+                    pool = self.standby if kind == "worker" else None
+                    taken = pool.take(node, self._resources(kind), claimed) if pool is not None else None
+                    new[kind][i] = taken or self._start(kind, self._resources(kind), node, task_name(kind, i))
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:
-                tasks.kill(p.handle)
+                tasks.stop(p)
             raise
         return PendingChange(
             request_id, shape, new["ps"], new["worker"], time.monotonic(), reason, kept["ps"], kept["worker"]
         )
+
+    def _start(self, kind: Kind, resources: TaskResources, node: str | None, name: str) -> tasks.PendingTask:
+        """Start a fresh ``kind`` task asking Ray for ``resources`` (on ``node`` if given)."""
+        return tasks.launch(
+            kind,
+            self.program,
+            resources,
+            self.config.ps_threads if kind == "ps" else self.config.worker_threads,
+            node,
+            shared_memory=self.config.mode == "sync" and self.config.shared_memory,
+            dataset=self.dataset_ref,
+            name=name,
+            wait_s=self.config.step_timeout_s,
+        )
+
+    def fill_standby(self) -> None:
+        """Start the standby workers (see :mod:`~elasticps.runtime.standby`), not waiting for them."""
+        idle = TaskResources(cpu=0.0, cpu_limit=self.config.worker_resources.cpu_limit)  # nothing Ray counts
+        if self.standby is not None and (n := self.standby.fill(lambda: self._start("worker", idle, None, "standby"))):
+            self._event(f"starting {n} standby worker(s)")
 
     def _wanted(self, kind: Kind, shape: Shape, nodes: dict[str, dict[str, float]]) -> list[str | None]:
         now = time.monotonic()
@@ -271,7 +294,7 @@ class Rescaler:
     def cancel_pending(self) -> None:
         assert self.pending is not None
         for p in self.pending.starting():
-            tasks.kill(p.handle)
+            tasks.stop(p)
         self.pending = None
 
     def drop_stale(self) -> None:
@@ -325,7 +348,7 @@ class Rescaler:
         """Gather the shards' state if the PS list ``ps`` (slot by slot) re-cuts
         it, then ``install(state)``. A Ray error (a task died) becomes
         :class:`SwitchFailed` with the state gathered and ``starting`` (the
-        handles of the change's new tasks)."""
+        change's new tasks, pending)."""
         state = None
         try:
             state = self.group.gather_state(self._step()) if self.group.shards_change(ps) else None
@@ -339,13 +362,13 @@ class Rescaler:
         t0 = time.perf_counter()
         before = self.group.counts()
         slots = [pending.kept_ps.get(i) for i in range(pending.shape.num_ps)]  # None: a new PS
-        handles = [p.handle for p in pending.starting()]
+        starting = pending.starting()
         try:
-            started = [tasks.to_task(p) for p in pending.starting()]
+            started = [tasks.to_task(p) for p in starting]
         except ray.exceptions.RayError as exc:  # one died before it ran
-            raise SwitchFailed(pending.request_id, pending.shape, handles, None, exc) from exc
+            raise SwitchFailed(pending.request_id, pending.shape, starting, None, exc) from exc
         self._switch(
-            pending.request_id, pending.shape, handles, slots, lambda state: self.install(pending, started, state)
+            pending.request_id, pending.shape, starting, slots, lambda state: self.install(pending, started, state)
         )
         pause = time.perf_counter() - t0
         record = RescaleRecord(

@@ -36,16 +36,19 @@ class TaskGroup:
     ``timeout_s``: how long the shards may take to hand over or take in the
     state or the parameters; one that does not answer in time fails the read
     with :class:`~ray.exceptions.GetTimeoutError` naming it (a Ray error:
-    the job recovers as when a task dies)."""
+    the job recovers as when a task dies). ``park(dropped)``: takes tasks an
+    install drops (as standbys) and returns those it leaves to retire."""
 
     def __init__(
         self,
         lock: threading.RLock,
         on_join: Callable[[list[tasks.Task]], None] | None = None,
         timeout_s: float = 60.0,
+        park: Callable[[list[tasks.Task]], list[tasks.Task]] | None = None,
     ) -> None:
         self.lock = lock  # the controller's: other threads read the lists under it
         self._on_join = on_join
+        self._park = park
         self.timeout_s = timeout_s
         self.ps: list[tasks.Task] = []
         self.workers: list[tasks.Task] = []
@@ -135,7 +138,8 @@ class TaskGroup:
             self.param_refs, self.bounds = refs, bounds
             self._state = (step, state)
         keep = {id(t.handle) for t in ps + workers}
-        tasks.retire([t.handle for t in self.ps + self.workers if id(t.handle) not in keep])
+        dropped = [t for t in self.ps + self.workers if id(t.handle) not in keep]
+        tasks.retire_tasks(self._park(dropped) if self._park is not None else dropped)
         self.nodes_used.update(t.node_id for t in ps + workers)
         with self.lock:
             self.ps, self.workers = ps, workers
@@ -143,14 +147,14 @@ class TaskGroup:
     def remove(self, dead: list[tasks.Task]) -> None:
         """Kill ``dead`` and drop them from the lists (the slots after them move up)."""
         for t in dead:
-            tasks.kill(t.handle)
+            tasks.stop(t)
         with self.lock:
             self.ps = [t for t in self.ps if t not in dead]
             self.workers = [t for t in self.workers if t not in dead]
 
     def retire_all(self) -> None:
         """Stop every task (:meth:`sweep` then cleans up after them)."""
-        tasks.retire([t.handle for t in self.ps + self.workers])
+        tasks.retire_tasks(self.ps + self.workers)
         self.nodes_used.update(t.node_id for t in self.ps + self.workers)
         self.ps, self.workers, self.param_refs = [], [], []
         self._state = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import ray
+from ray.util import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from elasticps.errors import PlacementError
@@ -56,21 +57,31 @@ def _with_output(cls: type) -> type:
 
 @dataclass
 class Task:
-    """A running PS shard or worker."""
+    """A running PS shard or worker. ``reservation``: the placement group that
+    holds its resources when its actor holds none (a standby worker's, see
+    :mod:`elasticps.runtime.standby`); released by :func:`stop` and
+    :func:`retire_tasks`, whatever ends the task."""
 
     kind: Kind
     handle: Any
     node_id: str
     pid: int
+    reservation: Any = None
 
 
 @dataclass
 class PendingTask:
+    """A task starting: ``ready_ref`` resolves once it runs. A standby taken
+    for a slot runs already: ``ready_ref`` is its reservation's, and ``info``
+    what its ``ready()`` answered."""
+
     kind: Kind
     handle: Any
     ready_ref: Any
     wanted_node: str | None
     resources: TaskResources
+    reservation: Any = None
+    info: dict[str, Any] | None = None
 
 
 def alive_nodes() -> dict[str, dict[str, float]]:
@@ -143,7 +154,7 @@ def wait_ready(pending: list[PendingTask], timeout_s: float, names: list[str]) -
         return [to_task(p) for p in pending]
     except ray.exceptions.RayError as exc:
         for p in pending:
-            kill(p.handle)
+            stop(p)
         raise PlacementError(f"a task died while starting: {exc}") from exc
 
 
@@ -153,7 +164,7 @@ def give_up(pending: list[PendingTask], names: list[str], waited_s: float) -> Pl
     _, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0) if refs else ([], [])
     late = set(not_ready)
     for p in pending:
-        kill(p.handle)
+        stop(p)
     details = ", ".join(
         f"{n} (needs {p.resources.as_ray_resources()}" + (f" on node {p.wanted_node})" if p.wanted_node else ")")
         for n, p in zip(names, pending, strict=True)
@@ -164,7 +175,9 @@ def give_up(pending: list[PendingTask], names: list[str], waited_s: float) -> Pl
 
 def to_task(p: PendingTask) -> Task:
     info = ray.get(p.ready_ref)
-    return Task(p.kind, p.handle, info["node_id"], info["pid"])
+    if p.info is not None:  # a standby: ``ready_ref`` was its reservation's
+        info = p.info
+    return Task(p.kind, p.handle, info["node_id"], info["pid"], p.reservation)
 
 
 def all_ready(pending: list[PendingTask]) -> bool:
@@ -250,6 +263,26 @@ def sweep_nodes(node_ids: set[str], timeout_s: float = 10.0) -> None:
 def kill(handle: Any) -> None:
     with contextlib.suppress(Exception):
         ray.kill(handle, no_restart=True)
+
+
+def stop(task: Task | PendingTask) -> None:
+    """Kill ``task`` and release its reservation, if it has one."""
+    kill(task.handle)
+    release(getattr(task, "reservation", None))
+
+
+def retire_tasks(items: list[Task]) -> None:
+    """:func:`retire` ``items``, then release their reservations."""
+    retire([t.handle for t in items])
+    for t in items:
+        release(getattr(t, "reservation", None))
+
+
+def release(reservation: Any) -> None:
+    """Remove a placement group (None, or one removed already: nothing)."""
+    if reservation is not None:
+        with contextlib.suppress(Exception):
+            remove_placement_group(reservation)
 
 
 def monotonic() -> float:

@@ -25,8 +25,9 @@ from elasticps.runtime import JobConfig, JobController, TaskResources
 from elasticps.runtime.reports import WindowReport
 
 
-def _config(threads: int) -> JobConfig:
+def _config(threads: int, standby: int = 0) -> JobConfig:
     return JobConfig(
+        standby_workers=standby,
         report_interval_s=1e-6,  # a window per step: every step's loss and times
         ps_resources=TaskResources(cpu=1.0),
         worker_resources=TaskResources(cpu=1.0),
@@ -86,28 +87,40 @@ def resize(
     hold_s: float,
     threads: int = 1,
     say: Callable[[str], None] = lambda _: None,
+    standby: int = 0,
 ) -> Timeline:
     """Train 1 x ``sizes[0]`` for ``hold_s``; then rescale live to each later size
-    in turn, training ``hold_s`` after each switch."""
-    timeline = Timeline("elasticps", how="live rescale (JobController.rescale): new workers start while it trains")
+    in turn, training ``hold_s`` after each switch. ``standby``: the job's
+    standby workers (``elasticps_standby``), started and waited for before
+    the first timed step; their start is kept in ``before_window``."""
+    name = "elasticps_standby" if standby else "elasticps"
+    how = "live rescale (JobController.rescale): new workers start while it trains"
+    if standby:
+        how = f"live rescale taking {standby} standby workers started before the timed window"
+    timeline = Timeline(name, how=how)
 
     def on_window(w: WindowReport) -> None:
         timeline.add(time.monotonic(), w.samples, w.num_workers, w.loss)
 
     program = workload.program()
-    job = JobController(program, _config(threads), 1, sizes[0], on_window=on_window)
+    job = JobController(program, _config(threads, standby), 1, sizes[0], on_window=on_window)
     job.start()
+    if standby:
+        timeline.before_window = _standbys_started(job, standby)
     thread = job.run_in_thread()
     try:
         for workers in sizes[1:]:
             _sleep_training(job, hold_s)
             timeline.mark(time.monotonic(), workers)
-            say(f"elasticps: rescale to 1 x {workers}")
+            say(f"{name}: rescale to 1 x {workers}")
             running = {t.pid for t in job.ps + job.workers}
+            parked = {t.pid: cpu_seconds(t.pid) or 0.0 for t in job.standbys()}  # their start was paid before
             job.wait_rescale(job.rescale(1, workers), timeout_s=600)
-            started = [cpu_seconds(t.pid) for t in job.ps + job.workers if t.pid not in running]
-            if started:  # processes of this machine (the run's one node): their start, up to the switch
-                timeline.started(sum(c for c in started if c is not None))
+            started = [t.pid for t in job.ps + job.workers if t.pid not in running]
+            if (
+                started
+            ):  # processes of this machine (the run's one node): from their start (or the request) to the switch
+                timeline.started(sum((cpu_seconds(pid) or 0.0) - parked.get(pid, 0.0) for pid in started))
         _sleep_training(job, hold_s)
     finally:
         job.stop()
@@ -116,6 +129,21 @@ def resize(
     if job.error:
         raise RuntimeError(f"elasticps resize run failed: {job.error}")
     return timeline
+
+
+def _standbys_started(job: JobController, n: int, timeout_s: float = 600.0) -> dict[str, float]:
+    """Wait until the job's ``n`` standby workers run (no step runs meanwhile); what their start cost."""
+    t0 = time.monotonic()
+    while len(job.standbys()) < n:
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"{n} standby workers did not start within {timeout_s:.0f} s")
+        time.sleep(0.05)
+    cpu = [cpu_seconds(t.pid) for t in job.standbys()]
+    return {
+        "standby_workers": n,
+        "standby_start_s": time.monotonic() - t0,  # wall time from the job's start until they all ran
+        "standby_start_cpu_s": sum(c for c in cpu if c is not None),  # their processes' CPU, all together
+    }
 
 
 def _sleep_training(job: JobController, seconds: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-SYSTEM_ORDER = ("elasticps", "elasticps_dense", "ddp_gloo", "plain_ps", "ray_train", "torchrun")
+SYSTEM_ORDER = ("elasticps", "elasticps_dense", "elasticps_standby", "ddp_gloo", "plain_ps", "ray_train", "torchrun")
 
 
 def table(out: dict[str, Any]) -> str:
@@ -47,6 +47,11 @@ def table(out: dict[str, Any]) -> str:
                     f"  {system:10s} {r['samples_lost']:8.0f} samples lost, "
                     f"{r['seconds_to_full_speed']:6.1f} s to full speed  ({r['how']})"
                 )
+                paid = r.get("before_window")
+                if paid:
+                    lines.append(
+                        "    paid before the timed window: " + ", ".join(f"{k} {v:g}" for k, v in paid.items())
+                    )
     limit = out.get("limit")
     if limit:
         lines.append(

@@ -23,6 +23,10 @@ A system that knows its new processes may also record ``start_cpu_s`` for a
 change: the CPU time they used from their start until they trained. Where
 they start on the cores the job trains on (one small machine), that time is
 taken from the job: it bounds what a change that starts them can save.
+
+What a system paid before the timed window to make its changes cheaper (the
+start of elasticps's standby workers) is kept apart, in ``before_window``:
+it is not in the samples lost, and must be read beside them.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class Timeline:
     changes: list[tuple[float, int]] = field(default_factory=list)  # (t asked, workers asked for)
     how: str = ""
     start_cpu_s: dict[int, float] = field(default_factory=dict)  # change index: its new processes' CPU until they ran
+    before_window: dict[str, float] = field(default_factory=dict)  # paid before the first step timed
 
     def add(self, t: float, samples: int, workers: int, loss: float = float("nan")) -> None:
         self.points.append((t, samples, workers, loss))
@@ -84,6 +89,7 @@ class Timeline:
             "changes": [[round(t - t0, 3), w] for t, w in self.changes],
             "steps": [[round(t - t0, 3), s, w] for t, s, w, _ in self.points],
             "start_cpu_s": [_rounded(self.start_cpu_s.get(i)) for i in range(len(self.changes))],
+            "before_window": self.before_window,
         }
 
 
@@ -117,13 +123,13 @@ def change_costs(timeline: Timeline) -> list[dict[str, Any]]:
 def summarize(timeline: Timeline) -> dict[str, Any]:
     """``{samples_lost, seconds_to_full_speed}`` per resize (means over the changes), and each change."""
     costs = change_costs(timeline)
+    common = {"changes": costs, "how": timeline.how, "before_window": dict(timeline.before_window)}
     if not costs:
-        return {"samples_lost": None, "seconds_to_full_speed": None, "changes": [], "how": timeline.how}
+        return {"samples_lost": None, "seconds_to_full_speed": None, **common}
     return {
         "samples_lost": statistics.fmean(c["samples_lost"] for c in costs),
         "seconds_to_full_speed": statistics.fmean(c["seconds_to_full_speed"] for c in costs),
-        "changes": costs,
-        "how": timeline.how,
+        **common,
     }
 
 

@@ -1,0 +1,152 @@
+"""Standby workers: worker processes started ahead, for a grow to take.
+
+A new worker's cost is its process's start: Ray's worker process, ``import
+torch``, the program's model and dataset. Ray starts a fresh process for every
+new actor, so a grow pays it while the job trains on the same cores. A job
+with ``JobConfig.standby_workers = N`` starts N workers at its start, in the
+background, asking Ray for no resources (``num_cpus=0``): they wait, built,
+holding nothing Ray counts.
+
+A grow takes a standby for a worker slot (:meth:`StandbyPool.take`) when one
+runs on the node the slot is pinned to (any node if unpinned) and that node
+has room now; else it starts a fresh worker as before. Before the standby
+trains, a placement group of one bundle (the worker's resources, pinned to the
+standby's node by its ``ray.io/node-id`` label) reserves what a fresh worker
+would hold, so Ray's accounting and other tenants see it used; the switch
+waits for it as it waits for a fresh worker to run. The task carries the
+reservation (:attr:`~elasticps.runtime.tasks.Task.reservation`): whatever ends
+the task releases it (:func:`tasks.stop`, :func:`tasks.retire_tasks`).
+
+A shrink gives workers that came from the pool back to it
+(:meth:`StandbyPool.park`): the reservation is released, the process stays.
+Workers started fresh hold their resources in the actor itself and are
+retired as before. A standby that died is dropped, never handed out; the
+job's end retires the pool (:meth:`StandbyPool.close`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import ray
+from ray.util import placement_group
+
+from elasticps.runtime import tasks
+from elasticps.runtime.config import TaskResources
+from elasticps.runtime.slots import fits_now
+
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
+
+
+class StandbyPool:
+    """Up to ``size`` constructed workers that hold no Ray resources.
+
+    ``liveness_timeout_s``: how long a standby may take to answer a ping
+    before it is taken for dead. The job's loop takes, parks and fills;
+    other threads may read :meth:`idle` (every method holds the pool's lock)."""
+
+    def __init__(self, size: int, liveness_timeout_s: float) -> None:
+        self.size = size
+        self.liveness_timeout_s = liveness_timeout_s
+        self._starting: list[tasks.PendingTask] = []  # started, not known to run yet
+        self._idle: list[tasks.Task] = []  # running, waiting to be taken
+        self.nodes_used: set[str] = set()  # where standbys ran: swept at the job's end
+        self._lock = threading.RLock()
+
+    def count(self) -> int:
+        """Standbys started or running, not taken."""
+        return len(self._starting) + len(self._idle)
+
+    def fill(self, start: Callable[[], tasks.PendingTask]) -> int:
+        """Start standbys (``start()`` starts one, not waiting) up to ``size``; returns how many."""
+        with self._lock:
+            n = max(0, self.size - self.count())
+            self._starting += [start() for _ in range(n)]
+            return n
+
+    def idle(self) -> list[tasks.Task]:
+        """The standbys that run now (those started are looked at, not waited for)."""
+        with self._lock:
+            self._settle()
+            return list(self._idle)
+
+    def take(
+        self, node: str | None, resources: TaskResources, claimed: list[tuple[str, dict[str, float]]]
+    ) -> tasks.PendingTask | None:
+        """A running, alive standby on ``node`` (any node if None) whose node
+        has room now for ``resources`` beside ``claimed`` (what standbys
+        taken for the same change will hold: appended to), with its
+        reservation asked for; None if there is none."""
+        with self._lock:
+            return self._take(node, resources, claimed)
+
+    def _take(
+        self, node: str | None, resources: TaskResources, claimed: list[tuple[str, dict[str, float]]]
+    ) -> tasks.PendingTask | None:
+        self._settle()
+        need = resources.as_ray_resources()
+        free = tasks.free_now()
+        for t in list(self._idle):
+            if node is not None and t.node_id != node:
+                continue
+            if not fits_now([*claimed, (t.node_id, need)], free):
+                continue
+            self._idle.remove(t)
+            if not tasks.is_alive(t.handle, self.liveness_timeout_s):
+                tasks.kill(t.handle)  # dead or hung: never handed out
+                continue
+            claimed.append((t.node_id, need))
+            reservation = placement_group([need], bundle_label_selector=[{NODE_ID_LABEL: t.node_id}])
+            return tasks.PendingTask(
+                "worker",
+                t.handle,
+                reservation.ready(),
+                t.node_id,
+                resources,
+                reservation=reservation,
+                info={"node_id": t.node_id, "pid": t.pid},
+            )
+        return None
+
+    def park(self, dropped: list[tasks.Task]) -> list[tasks.Task]:
+        """Take back the workers of ``dropped`` that came from the pool (they
+        hold a reservation), releasing it, while the pool has room; returns
+        the tasks left to retire."""
+        rest: list[tasks.Task] = []
+        with self._lock:
+            for t in dropped:
+                if t.kind == "worker" and t.reservation is not None and self.count() < self.size:
+                    tasks.release(t.reservation)
+                    self._idle.append(tasks.Task("worker", t.handle, t.node_id, t.pid))
+                else:
+                    rest.append(t)
+        return rest
+
+    def close(self) -> None:
+        """Retire every standby (they release their shared memory first)."""
+        with self._lock:
+            self._settle()
+            tasks.retire([t.handle for t in self._idle] + [p.handle for p in self._starting])
+            self._starting, self._idle = [], []
+
+    def _settle(self) -> None:
+        """Move standbys that run now from starting to idle; drop those whose start failed."""
+        if not self._starting:
+            return
+        refs = [p.ready_ref for p in self._starting]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        done = set(ready)
+        still: list[tasks.PendingTask] = []
+        for p in self._starting:
+            if p.ready_ref not in done:
+                still.append(p)
+                continue
+            try:
+                t = tasks.to_task(p)
+            except ray.exceptions.RayError:
+                tasks.kill(p.handle)
+                continue
+            self._idle.append(t)
+            self.nodes_used.add(t.node_id)
+        self._starting = still

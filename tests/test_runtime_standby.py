@@ -1,0 +1,137 @@
+"""Standby workers on a real Ray cluster: a grow takes them, a shrink parks them,
+their resources are reserved while they train, and the job's end leaves nothing."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from ray._private.state import actors
+from ray.util import placement_group_table
+
+from elasticps import ConfigError, JobConfig, TaskResources
+from elasticps.examples import digits
+from elasticps.runtime import relative_error, train_single_process
+from elasticps.runtime.standby import StandbyPool
+from tests import loops
+from tests.helpers import make_job, run_until_applied, wait_for
+
+TOL = 1e-5
+WORKER_CPU = 0.5  # tests.helpers' SMALL_TASKS
+
+
+def _alive_actors() -> set[str]:
+    return {a for a, info in actors().items() if info["State"] == "ALIVE"}
+
+
+def _held_reservations() -> list[str]:
+    return [pg for pg, info in placement_group_table().items() if info["state"] != "REMOVED"]
+
+
+def _free_cpu_becomes(cpu: float) -> None:
+    """Ray's free CPU (reported asynchronously) reaches ``cpu``."""
+    wait_for(lambda: abs(ray.available_resources().get("CPU", 0.0) - cpu) < 1e-6, 30, f"{cpu:g} free CPU")
+
+
+def test_a_grow_takes_the_standbys_a_shrink_parks_them_and_the_end_leaves_nothing(ray_local):
+    before = _alive_actors()
+    total = ray.cluster_resources()["CPU"]
+    program = digits.program(epochs=50)
+    job = make_job(1, 2, program, standby_workers=2)
+    job.run(max_steps=2)
+    wait_for(lambda: len(job.standbys()) == 2, 120, "the standbys to run")
+    standby_pids = {t.pid for t in job.standbys()}
+    first = {w.pid for w in job.workers}
+    # 2 workers and a PS at 0.5 CPU each hold Ray's CPU; the standbys hold none
+    _free_cpu_becomes(total - 3 * WORKER_CPU)
+    started = len(_alive_actors() - before)
+    assert started == 5  # a PS, two workers, two standbys
+
+    run_until_applied(job, job.rescale(1, 4))
+    job.run(max_steps=2)
+    assert {w.pid for w in job.workers} == first | standby_pids  # the standbys' processes train
+    assert len(_alive_actors() - before) == started  # and no process was started for the grow
+    assert job.report().rescales[-1].new_tasks == 2 and not job.standbys()
+    _free_cpu_becomes(total - 5 * WORKER_CPU)  # reserved for them while they train
+    assert len(_held_reservations()) == 2
+
+    run_until_applied(job, job.rescale(1, 2))
+    job.run(max_steps=2)
+    assert {w.pid for w in job.workers} == first
+    assert {t.pid for t in job.standbys()} == standby_pids  # parked, not killed
+    _free_cpu_becomes(total - 3 * WORKER_CPU)  # the reservations released
+    assert not _held_reservations()
+
+    run_until_applied(job, job.rescale(1, 4))  # the same processes again
+    job.run(max_steps=2)
+    assert {w.pid for w in job.workers} == first | standby_pids
+
+    # exact: the same parameters as one process trained for as many steps
+    ref = train_single_process(program, max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    assert job.report().samples_seen == ref.samples
+
+    job.shutdown()
+    wait_for(lambda: not _alive_actors() - before, 30, "the job's actors, standbys included, to be gone")
+    assert not _held_reservations()
+    _free_cpu_becomes(total)
+
+
+def test_a_dead_standby_is_never_handed_out(ray_local):
+    job = make_job(1, 1, digits.program(epochs=50), standby_workers=2)
+    job.run(max_steps=1)
+    wait_for(lambda: len(job.standbys()) == 2, 120, "the standbys to run")
+    dead, alive = job.standbys()
+    ray.kill(dead.handle, no_restart=True)
+    run_until_applied(job, job.rescale(1, 3))  # one standby, and one fresh worker
+    job.run(max_steps=1)
+    pids = {w.pid for w in job.workers}
+    assert alive.pid in pids and dead.pid not in pids and len(pids) == 3
+    assert len(_held_reservations()) == 1  # the standby's; the fresh worker holds its CPU itself
+    ref = train_single_process(digits.program(epochs=50), max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+    assert not _held_reservations()
+
+
+def test_a_killed_worker_from_the_standbys_releases_its_reservation(ray_local):
+    job = make_job(1, 1, digits.program(epochs=50), standby_workers=1)
+    job.run(max_steps=1)
+    wait_for(lambda: len(job.standbys()) == 1, 120, "the standby to run")
+    run_until_applied(job, job.rescale(1, 2))
+    [reservation] = _held_reservations()
+    ray.kill(job.workers[1].handle, no_restart=True)
+    job.run(max_steps=2)  # the step fails, the dead worker is dropped (and replaced)
+    assert reservation not in _held_reservations()
+    job.shutdown()
+    assert not _held_reservations()
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"standby_workers": -1}, "standby_workers must be >= 0"),
+        ({"standby_workers": 1.5}, "standby_workers must be an int"),
+        ({"standby_workers": True}, "standby_workers must be an int"),
+        ({"standby_workers": 1, "worker_resources": TaskResources(cpu=1, gpu=1)}, "CPU workers only"),
+    ],
+)
+def test_standby_workers_is_checked(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        JobConfig(**kw)
+
+
+def test_a_users_own_loop_refuses_standbys():
+    with pytest.raises(ConfigError, match="standby_workers needs a TrainingProgram"):
+        make_job(1, 1, loops.scheduled_mlp, standby_workers=1)
+
+
+def test_the_pool_parks_only_workers_that_came_from_it_and_only_up_to_its_size():
+    from elasticps.runtime.tasks import Task
+
+    pool = StandbyPool(1, 1.0)
+    fresh = Task("worker", "h0", "n", 1)  # it holds its CPU itself: parked, it would keep it
+    ps = Task("ps", "h1", "n", 2, reservation="r1")
+    from_pool = [Task("worker", f"h{i}", "n", i, reservation=f"r{i}") for i in (3, 4)]
+    assert pool.park([fresh, ps, *from_pool]) == [fresh, ps, from_pool[1]]  # the pool holds one
+    [parked] = pool.idle()
+    assert (parked.handle, parked.pid, parked.reservation) == ("h3", 3, None)  # its reservation released
