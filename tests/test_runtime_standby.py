@@ -3,6 +3,9 @@ their resources are reserved while they train, and the job's end leaves nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import pytest
 import ray
 from ray._private.state import actors
@@ -11,6 +14,7 @@ from ray.util import placement_group_table
 from elasticps import ConfigError, JobConfig, TaskResources
 from elasticps.examples import digits
 from elasticps.runtime import relative_error, train_single_process
+from elasticps.runtime import standby as standby_module
 from elasticps.runtime.standby import StandbyPool
 from tests import loops
 from tests.helpers import make_job, run_until_applied, wait_for
@@ -104,6 +108,38 @@ def test_a_killed_worker_from_the_standbys_releases_its_reservation(ray_local):
     assert reservation not in _held_reservations()
     job.shutdown()
     assert not _held_reservations()
+
+
+def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_takes_its_slot(ray_local, monkeypatch):
+    job = make_job(1, 1, digits.program(epochs=50), standby_workers=1)
+    job.run(max_steps=1)
+    wait_for(lambda: len(job.standbys()) == 1, 120, "the standby to run")
+    job._rescale.config = dataclasses.replace(job.config, placement_timeout_s=2.0)  # its rescales' wait only
+    [standby] = job.standbys()
+    free = ray.cluster_resources()["CPU"] - 2 * WORKER_CPU
+    _free_cpu_becomes(free)
+    blocker = ray.remote(num_cpus=free)(_Blocker).remote()
+    ray.get(blocker.ping.remote(), timeout=60)
+    # the room the pool saw goes to another task before the reservation gets it (a race Ray cannot be made to lose)
+    monkeypatch.setattr(standby_module, "fits_now", lambda needs, free: True)
+    request = job.rescale(1, 2)
+    deadline = time.monotonic() + 60
+    while not job.report().rescales and time.monotonic() < deadline:
+        job.run(max_steps=10)
+    [failed] = job.report().rescales
+    assert failed.request_id == request and not failed.ok  # the fresh worker found no room either
+    assert any("fresh workers take their slots" in e for e in job.report().events)
+    assert [t.pid for t in job.standbys()] == [standby.pid] and not _held_reservations()
+    ray.kill(blocker)
+    run_until_applied(job, job.rescale(1, 2))  # with room, the standby is taken again
+    assert standby.pid in {w.pid for w in job.workers}
+    job.shutdown()
+    assert not _held_reservations()
+
+
+class _Blocker:
+    def ping(self) -> bool:
+        return True
 
 
 @pytest.mark.parametrize(

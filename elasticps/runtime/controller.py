@@ -33,7 +33,7 @@ from elasticps.errors import ConfigError, JobEndedError
 from elasticps.program import TrainingProgram, check_batch_fits, load_program
 from elasticps.runtime import tasks, user_loop
 from elasticps.runtime.checkpoint import Checkpoint, Layout
-from elasticps.runtime.config import JobConfig
+from elasticps.runtime.config import JobConfig, TaskResources
 from elasticps.runtime.data import DataPosition, GlobalBatches
 from elasticps.runtime.evaluate import Evaluator
 from elasticps.runtime.flat import flat_params, load_flat, param_layout
@@ -111,7 +111,8 @@ class JobController(JobLoop):
         )
         self._record = StepRecorder(self.program.name, self.config.report_interval_s, self._lock, on_window)
         hooks = JobHooks(self._event, self._flush_window, lambda: self._progress.step)
-        self._rescale = Rescaler(self.program, self.config, self._group, self._requests, hooks, self._standby)
+        self._rescale = Rescaler(self.program, self.config, self._group, self._requests, hooks)
+        self._rescale.standby = self._standby
         self._checkpoints = Checkpoints(self.config, self._event)
         self._recovery = Recovery(self._rescale, self._checkpoints, hooks, self._rewind, self._loops_back)
         self._evaluate = Evaluator(self.program)
@@ -289,7 +290,10 @@ class JobController(JobLoop):
         self.state = "running"
         if self._checkpoints.store and ckpt is None:
             self._checkpoint_now()
-        self._rescale.fill_standby()  # in the background: the first steps do not wait for them
+        if self._standby is not None:  # started in the background: the first steps do not wait for them
+            idle = TaskResources(cpu=0.0, cpu_limit=self.config.worker_resources.cpu_limit)  # nothing Ray counts
+            n = self._standby.fill(lambda: self._rescale.start_task("worker", idle, None, "standby"))
+            self._event(f"starting {n} standby worker(s)")
 
     def run_in_thread(self, max_steps: int | None = None) -> threading.Thread:
         """Run :meth:`run` in a daemon thread; the caller may rescale and report meanwhile.

@@ -84,15 +84,7 @@ class SwitchFailed(Exception):
 class Rescaler:
     """Carries a job's rescale ``requests`` out on ``group``."""
 
-    def __init__(
-        self,
-        program: Any,
-        config: JobConfig,
-        group: TaskGroup,
-        requests: Requests,
-        hooks: JobHooks,
-        standby: StandbyPool | None = None,
-    ) -> None:
+    def __init__(self, program: Any, config: JobConfig, group: TaskGroup, requests: Requests, hooks: JobHooks) -> None:
         self.program = program
         self.config = config
         self.group = group
@@ -104,7 +96,7 @@ class Rescaler:
         self._switch_failures: dict[int, int] = {}  # request id: how often its switch failed
         self.suspects = SuspectNodes()  # nodes where tasks died: not pinned to for a while
         self.dataset_ref: Any = None  # the training set in the object store, for new workers (None: they build it)
-        self.standby = standby  # workers started ahead, taken before fresh ones (None: none)
+        self.standby: StandbyPool | None = None  # workers started ahead, taken before fresh ones (the job's)
 
     def _resources(self, kind: Kind) -> Any:
         return self.config.ps_resources if kind == "ps" else self.config.worker_resources
@@ -158,6 +150,8 @@ class Rescaler:
             return
         started = pending.starting()
         verdict = pending.verdict(tasks.all_ready(started), time.monotonic(), self.config.placement_timeout_s)
+        if verdict == "give_up" and self._swap_late_standbys(pending):
+            return  # fresh workers in the slots of standbys whose reservation did not come: waited for as long
         if verdict == "apply":
             self.pending = None
             self._apply_change(pending)
@@ -222,7 +216,7 @@ class Rescaler:
                         tasks.check_fits(task_name(kind, i), node, self._resources(kind), nodes)
                     pool = self.standby if kind == "worker" else None
                     taken = pool.take(node, self._resources(kind), claimed) if pool is not None else None
-                    new[kind][i] = taken or self._start(kind, self._resources(kind), node, task_name(kind, i))
+                    new[kind][i] = taken or self.start_task(kind, self._resources(kind), node, task_name(kind, i))
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:
                 tasks.stop(p)
@@ -231,7 +225,7 @@ class Rescaler:
             request_id, shape, new["ps"], new["worker"], time.monotonic(), reason, kept["ps"], kept["worker"]
         )
 
-    def _start(self, kind: Kind, resources: TaskResources, node: str | None, name: str) -> tasks.PendingTask:
+    def start_task(self, kind: Kind, resources: TaskResources, node: str | None, name: str) -> tasks.PendingTask:
         """Start a fresh ``kind`` task asking Ray for ``resources`` (on ``node`` if given)."""
         return tasks.launch(
             kind,
@@ -245,11 +239,14 @@ class Rescaler:
             wait_s=self.config.step_timeout_s,
         )
 
-    def fill_standby(self) -> None:
-        """Start the standby workers (see :mod:`~elasticps.runtime.standby`), not waiting for them."""
-        idle = TaskResources(cpu=0.0, cpu_limit=self.config.worker_resources.cpu_limit)  # nothing Ray counts
-        if self.standby is not None and (n := self.standby.fill(lambda: self._start("worker", idle, None, "standby"))):
-            self._event(f"starting {n} standby worker(s)")
+    def _swap_late_standbys(self, pending: PendingChange) -> bool:
+        pins = self._wanted("worker", pending.shape, tasks.alive_nodes() if pending.shape.placement else {})
+        start = lambda i: self.start_task("worker", self.config.worker_resources, pins[i], task_name("worker", i))  # noqa: E731
+        n = self.standby.swap_late(pending.new_workers, start) if self.standby is not None else 0
+        if n:
+            pending.launched_at = time.monotonic()
+            self._event(f"{n} standby worker(s) got no room on their node: fresh workers take their slots")
+        return n > 0
 
     def _wanted(self, kind: Kind, shape: Shape, nodes: dict[str, dict[str, float]]) -> list[str | None]:
         now = time.monotonic()

@@ -13,7 +13,10 @@ has room now; else it starts a fresh worker as before. Before the standby
 trains, a placement group of one bundle (the worker's resources, pinned to the
 standby's node by its ``ray.io/node-id`` label) reserves what a fresh worker
 would hold, so Ray's accounting and other tenants see it used; the switch
-waits for it as it waits for a fresh worker to run. The task carries the
+waits for it as it waits for a fresh worker to run. A reservation not ready
+when the change would give up (``placement_timeout_s``: the room went to
+another task meanwhile) sends its standby back to the pool, and a fresh
+worker, which Ray may place elsewhere, takes the slot (:meth:`StandbyPool.swap_late`). The task carries the
 reservation (:attr:`~elasticps.runtime.tasks.Task.reservation`): whatever ends
 the task releases it (:func:`tasks.stop`, :func:`tasks.retire_tasks`).
 
@@ -122,6 +125,23 @@ class StandbyPool:
                 else:
                     rest.append(t)
         return rest
+
+    def swap_late(self, pending: dict[int, tasks.PendingTask], start: Callable[[int], tasks.PendingTask]) -> int:
+        """For a change about to give up: each standby of ``pending`` (``{slot:
+        pending task}``, changed in place) whose reservation is not ready
+        comes back to the pool (its reservation released) and ``start(slot)``
+        starts a fresh worker in its slot instead; returns how many."""
+        late = [i for i, p in pending.items() if p.reservation is not None and not tasks.all_ready([p])]
+        with self._lock:
+            for i in late:
+                p = pending[i]
+                tasks.release(p.reservation)
+                if p.info is not None and self.count() < self.size:
+                    self._idle.append(tasks.Task("worker", p.handle, p.info["node_id"], p.info["pid"]))
+                else:
+                    tasks.kill(p.handle)
+                pending[i] = start(i)
+        return len(late)
 
     def close(self) -> None:
         """Retire every standby (they release their shared memory first)."""
