@@ -16,9 +16,10 @@ would hold, so Ray's accounting and other tenants see it used; the switch
 waits for it as it waits for a fresh worker to run. A reservation not ready
 when the change would give up (``placement_timeout_s``: the room went to
 another task meanwhile) sends its standby back to the pool, and a fresh
-worker, which Ray may place elsewhere, takes the slot (:meth:`StandbyPool.swap_late`). The task carries the
-reservation (:attr:`~elasticps.runtime.tasks.Task.reservation`): whatever ends
-the task releases it (:func:`tasks.stop`, :func:`tasks.retire_tasks`).
+worker, which Ray may place elsewhere, takes the slot
+(:meth:`StandbyPool.swap_late`). The task carries the reservation
+(:attr:`~elasticps.runtime.tasks.Task.reservation`): whatever ends the task
+releases it (:func:`tasks.stop`, :func:`tasks.retire_tasks`).
 
 A shrink gives workers that came from the pool back to it
 (:meth:`StandbyPool.park`): the reservation is released, the process stays.
