@@ -21,6 +21,7 @@ from tests.helpers import make_job, run_until_applied, wait_for
 
 TOL = 1e-5
 WORKER_CPU = 0.5  # tests.helpers' SMALL_TASKS
+LONG = 2000  # epochs: a job that does not run out of steps while a test waits (a digits step: ~3 ms when quiet)
 
 
 def _alive_actors() -> set[str]:
@@ -111,7 +112,7 @@ def test_a_killed_worker_from_the_standbys_releases_its_reservation(ray_local):
 
 
 def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_takes_its_slot(ray_local, monkeypatch):
-    job = make_job(1, 1, digits.program(epochs=50), standby_workers=1)
+    job = make_job(1, 1, digits.program(epochs=LONG), standby_workers=1)
     job.run(max_steps=1)
     wait_for(lambda: len(job.standbys()) == 1, 120, "the standby to run")
     job._rescale.config = dataclasses.replace(job.config, placement_timeout_s=2.0)  # its rescales' wait only
@@ -132,6 +133,28 @@ def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_t
     assert [t.pid for t in job.standbys()] == [standby.pid] and not _held_reservations()
     ray.kill(blocker)
     run_until_applied(job, job.rescale(1, 2))  # with room, the standby is taken again
+    assert standby.pid in {w.pid for w in job.workers}
+    job.shutdown()
+    assert not _held_reservations()
+
+
+def test_a_cancelled_grow_gives_its_standby_back(ray_local, monkeypatch):
+    job = make_job(1, 1, digits.program(epochs=LONG), standby_workers=1)
+    job.run(max_steps=1)
+    wait_for(lambda: len(job.standbys()) == 1, 120, "the standby to run")
+    [standby] = job.standbys()
+    free = ray.cluster_resources()["CPU"] - 2 * WORKER_CPU
+    _free_cpu_becomes(free)
+    blocker = ray.remote(num_cpus=free)(_Blocker).remote()
+    ray.get(blocker.ping.remote(), timeout=60)
+    monkeypatch.setattr(standby_module, "fits_now", lambda needs, free: True)  # taken, its reservation waits
+    job.rescale(1, 2)
+    job.run(max_steps=2)
+    assert not job.standbys() and len(_held_reservations()) == 1  # taken for the grow, waiting for room
+    run_until_applied(job, job.rescale(1, 1))  # a newer request replaces the grow
+    assert [t.pid for t in job.standbys()] == [standby.pid] and not _held_reservations()
+    ray.kill(blocker)
+    run_until_applied(job, job.rescale(1, 2))
     assert standby.pid in {w.pid for w in job.workers}
     job.shutdown()
     assert not _held_reservations()

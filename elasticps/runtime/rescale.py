@@ -291,7 +291,10 @@ class Rescaler:
     def cancel_pending(self) -> None:
         assert self.pending is not None
         for p in self.pending.starting():
-            tasks.stop(p)
+            if p.reservation is not None and self.standby is not None:
+                self.standby.put_back(p)  # a standby: back to the pool, not stopped
+            else:
+                tasks.stop(p)
         self.pending = None
 
     def drop_stale(self) -> None:

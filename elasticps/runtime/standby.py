@@ -17,7 +17,9 @@ waits for it as it waits for a fresh worker to run. A reservation not ready
 when the change would give up (``placement_timeout_s``: the room went to
 another task meanwhile) sends its standby back to the pool, and a fresh
 worker, which Ray may place elsewhere, takes the slot
-(:meth:`StandbyPool.swap_late`). The task carries the reservation
+(:meth:`StandbyPool.swap_late`); a change cancelled (a newer request replaced
+it) gives the standbys it took back too (:meth:`StandbyPool.put_back`).
+The task carries the reservation
 (:attr:`~elasticps.runtime.tasks.Task.reservation`): whatever ends the task
 releases it (:func:`tasks.stop`, :func:`tasks.retire_tasks`).
 
@@ -135,14 +137,19 @@ class StandbyPool:
         late = [i for i, p in pending.items() if p.reservation is not None and not tasks.all_ready([p])]
         with self._lock:
             for i in late:
-                p = pending[i]
-                tasks.release(p.reservation)
-                if p.info is not None and self.count() < self.size:
-                    self._idle.append(tasks.Task("worker", p.handle, p.info["node_id"], p.info["pid"]))
-                else:
-                    tasks.kill(p.handle)
+                self.put_back(pending[i])
                 pending[i] = start(i)
         return len(late)
+
+    def put_back(self, taken: tasks.PendingTask) -> None:
+        """A standby taken (:meth:`take`) for a change that will not use it:
+        its reservation released, back in the pool if the pool has room, else stopped."""
+        with self._lock:
+            tasks.release(taken.reservation)
+            if taken.info is not None and self.count() < self.size:
+                self._idle.append(tasks.Task("worker", taken.handle, taken.info["node_id"], taken.info["pid"]))
+            else:
+                tasks.kill(taken.handle)
 
     def close(self) -> None:
         """Retire every standby (they release their shared memory first)."""
