@@ -13,11 +13,11 @@ from ray.util import placement_group_table
 
 from elasticps import ConfigError, JobConfig, TaskResources
 from elasticps.examples import digits
-from elasticps.runtime import relative_error, train_single_process
+from elasticps.runtime import relative_error, tasks, train_single_process
 from elasticps.runtime import standby as standby_module
 from elasticps.runtime.standby import StandbyPool
 from tests import loops
-from tests.helpers import make_job, run_until_applied, wait_for
+from tests.helpers import kill_task, make_job, run_until_applied, wait_for
 
 TOL = 1e-5
 WORKER_CPU = 0.5  # tests.helpers' SMALL_TASKS
@@ -156,6 +156,33 @@ def test_a_cancelled_grow_gives_its_standby_back(ray_local, monkeypatch):
     ray.kill(blocker)
     run_until_applied(job, job.rescale(1, 2))
     assert standby.pid in {w.pid for w in job.workers}
+    job.shutdown()
+    assert not _held_reservations()
+
+
+def test_a_standby_that_dies_while_its_reservation_waits_is_not_switched_in(ray_local, monkeypatch):
+    job = make_job(1, 1, digits.program(epochs=LONG), standby_workers=1)
+    job.run(max_steps=1)
+    wait_for(lambda: len(job.standbys()) == 1, 120, "the standby to run")
+    [standby] = job.standbys()
+    free = ray.cluster_resources()["CPU"] - 2 * WORKER_CPU
+    _free_cpu_becomes(free)
+    blocker = ray.remote(num_cpus=free)(_Blocker).remote()
+    ray.get(blocker.ping.remote(), timeout=60)
+    monkeypatch.setattr(standby_module, "fits_now", lambda needs, free: True)  # taken, its reservation waits
+    request = job.rescale(1, 2)
+    job.run(max_steps=2)
+    assert not job.standbys()  # taken
+    kill_task(standby.handle)
+    ray.kill(blocker)  # the reservation comes; the standby it was for is dead
+    deadline = time.monotonic() + 60
+    while not any(r.request_id == request and r.ok for r in job.report().rescales) and time.monotonic() < deadline:
+        job.run(max_steps=1)
+    assert len(job.workers) == 2 and standby.pid not in {w.pid for w in job.workers}
+    assert all(tasks.is_alive(w.handle, 10.0) for w in job.workers)
+    assert not any("step" in e and "failed" in e and "rescale" not in e for e in job.report().events)
+    ref = train_single_process(digits.program(epochs=LONG), max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()
     assert not _held_reservations()
 

@@ -173,9 +173,16 @@ def give_up(pending: list[PendingTask], names: list[str], waited_s: float) -> Pl
     return PlacementError(f"not running within {waited_s:.0f} s (no room, or too slow to start): {details}")
 
 
+STANDBY_ANSWER_S = 30.0  # a standby taken for a slot must still answer before it trains
+
+
 def to_task(p: PendingTask) -> Task:
+    """The running task of ``p`` (Ray's error if it died before it ran). A
+    standby's ``ready_ref`` was its reservation's: it is asked again whether it
+    runs, so that one that died while its reservation waited is not switched in."""
     info = ray.get(p.ready_ref)
-    if p.info is not None:  # a standby: ``ready_ref`` was its reservation's
+    if p.info is not None:
+        ray.get(p.handle.ping.remote(), timeout=STANDBY_ANSWER_S)
         info = p.info
     return Task(p.kind, p.handle, info["node_id"], info["pid"], p.reservation)
 
