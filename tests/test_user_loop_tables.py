@@ -146,21 +146,23 @@ class _RowsHang(PSShard):
 
 
 @contextlib.contextmanager
-def _rows_hang_in_ps_1(job, monkeypatch):
+def _rows_hang(job, monkeypatch, shards=(1,)):
     """Run ``job`` (2 PS, checkpoints every 5 steps) to step 7 on shards that can hang in their
-    reads of rows, then to its end with ps-1 hung there; yields its report and the worker's pid,
-    and stops the shard and the job after."""
+    reads of rows, then to its end with ``shards`` hung there; yields its report and the worker's
+    pid, and stops those shards and the job after."""
     ps_class = ray.remote(concurrency_groups={"rows": 1})(tasks._with_output(_RowsHang))
     monkeypatch.setitem(tasks._ACTOR_CLASSES, "ps", ps_class)
     job.run(max_steps=7)
-    hung, worker = job.ps[1], job.workers[0].pid
-    flag = _hang_flag(hung.pid)
-    flag.touch()
+    hung, worker = [job.ps[j] for j in shards], job.workers[0].pid
+    flags = [_hang_flag(h.pid) for h in hung]
+    for flag in flags:
+        flag.touch()
     try:
         yield job.run(), worker
     finally:
-        flag.unlink()
-        tasks.kill(hung.handle)
+        for flag, h in zip(flags, hung, strict=True):
+            flag.unlink()
+            tasks.kill(h.handle)
         job.shutdown()
 
 
@@ -181,12 +183,31 @@ def test_a_shard_hung_in_a_read_of_rows_is_named_by_the_worker_stopped_and_resto
         2, 1, functools.partial(loops.tabled_bag, **kwargs), checkpoint_dir=str(tmp_path), checkpoint_every_steps=5,
         step_timeout_s=4.0, liveness_timeout_s=5.0,
     )  # fmt: skip
-    with _rows_hang_in_ps_1(job, monkeypatch) as (report, worker):
+    with _rows_hang(job, monkeypatch) as (report, worker):
         assert report.state == "finished", report.error
         events = report.events
         want = "WaitRanOut: the rows of table 0 (of ps-1) did not come within 2 s (0.5 of step_timeout_s)"
         assert any(want in e for e in events), events
         assert any("1 PS shard(s) died; restored from checkpoint at step 5 (lost 2 steps)" in e for e in events), events
+        assert [w.pid for w in job.workers] == [worker] and report.step == 12
+        params, _ = reference(loops.tabled_bag, **kwargs)
+        assert relative_error(job.parameters(), params) < TOL
+
+
+def test_two_shards_hung_in_one_read_of_rows_cost_one_wait_and_are_both_named(ray_local, tmp_path, monkeypatch):
+    """Both shards of a read hang: the worker waits once for both (half the step's time), not once
+    each (the whole step's time, by which the controller's wait would take the worker for hung)."""
+    kwargs = {"epochs": 1, "optimizer": "sgd"}
+    job = make_job(
+        2, 1, functools.partial(loops.tabled_bag, **kwargs), checkpoint_dir=str(tmp_path), checkpoint_every_steps=5,
+        step_timeout_s=4.0, liveness_timeout_s=5.0,
+    )  # fmt: skip
+    with _rows_hang(job, monkeypatch, shards=(0, 1)) as (report, worker):
+        assert report.state == "finished", report.error
+        events = report.events
+        want = "the rows of table 0 (of ps-0, ps-1) did not come within 2 s"
+        assert any(want in e for e in events), events
+        assert any("2 PS shard(s) died; restored from checkpoint at step 5" in e for e in events), events
         assert [w.pid for w in job.workers] == [worker] and report.step == 12
         params, _ = reference(loops.tabled_bag, **kwargs)
         assert relative_error(job.parameters(), params) < TOL

@@ -196,13 +196,15 @@ class RowClient:
             mine = table.touches(ids, lo, hi)
             if mine.any():
                 calls.append((j, mine, shard.read_rows.remote(t, ids[mine], self.step)))
-        for j, mine, ref in calls:
-            try:
-                name, limit = task_name("ps", j), f"{READ_SHARE:g} of step_timeout_s"
-                rows = get_within([ref], self.wait_s, f"the rows of table {t}", [name], limit)[0]
-            except ray.exceptions.RayError as exc:  # a shard died or hung (named): the step will not stand
-                self.lost = self.lost or exc
-                continue
+        if not calls:
+            return out
+        names, limit = [task_name("ps", j) for j, _, _ in calls], f"{READ_SHARE:g} of step_timeout_s"
+        try:  # one wait for every shard's rows: two hung shards cost one wait, and are both named
+            answers = get_within([ref for _, _, ref in calls], self.wait_s, f"the rows of table {t}", names, limit)
+        except ray.exceptions.RayError as exc:  # a shard died or hung (named): the step will not stand
+            self.lost = exc
+            return out
+        for (j, mine, _), rows in zip(calls, answers, strict=True):
             out[mine] += rows  # each element from the one shard that holds it, zeros from the others
             self.read_bytes[j] += 8 * int(mine.sum()) + rows.nbytes
         return out
