@@ -33,7 +33,7 @@ from elasticps.errors import ConfigError, JobEndedError
 from elasticps.program import TrainingProgram, check_batch_fits, load_program
 from elasticps.runtime import tasks, user_loop
 from elasticps.runtime.checkpoint import Checkpoint, Layout
-from elasticps.runtime.config import JobConfig, TaskResources
+from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition, GlobalBatches
 from elasticps.runtime.evaluate import Evaluator
 from elasticps.runtime.flat import flat_params, load_flat, param_layout
@@ -290,10 +290,7 @@ class JobController(JobLoop):
         self.state = "running"
         if self._checkpoints.store and ckpt is None:
             self._checkpoint_now()
-        if self._standby is not None:  # started in the background: the first steps do not wait for them
-            idle = TaskResources(cpu=0.0, cpu_limit=self.config.worker_resources.cpu_limit)  # nothing Ray counts
-            n = self._standby.fill(lambda: self._rescale.start_task("worker", idle, None, "standby"))
-            self._event(f"starting {n} standby worker(s)")
+        self._fill_standbys()  # started in the background: the first steps do not wait for them
 
     def run_in_thread(self, max_steps: int | None = None) -> threading.Thread:
         """Run :meth:`run` in a daemon thread; the caller may rescale and report meanwhile.

@@ -37,7 +37,7 @@ from elasticps.errors import JobFailedError
 from elasticps.program import TrainingProgram
 from elasticps.runtime import steps, tasks, user_loop
 from elasticps.runtime.checkpoint import Checkpoint
-from elasticps.runtime.config import JobConfig
+from elasticps.runtime.config import JobConfig, TaskResources
 from elasticps.runtime.evaluate import Evaluator
 from elasticps.runtime.membership import Requests
 from elasticps.runtime.progress import Progress
@@ -46,6 +46,7 @@ from elasticps.runtime.recorder import StepRecorder
 from elasticps.runtime.recovery import Checkpoints, Recovery
 from elasticps.runtime.reports import EpochReport, JobReport
 from elasticps.runtime.rescale import Rescaler, SwitchFailed
+from elasticps.runtime.standby import StandbyPool
 from elasticps.runtime.task_group import TaskGroup
 
 log = logging.getLogger("elasticps.runtime")
@@ -70,6 +71,7 @@ class JobLoop:
     _checkpoints: Checkpoints
     _recovery: Recovery
     _evaluate: Evaluator
+    _standby: StandbyPool | None
     # of the controller's API: the running tasks, the step, the parameters, start, a checkpoint and the report
     ps: list[tasks.Task]
     workers: list[tasks.Task]
@@ -106,6 +108,22 @@ class JobLoop:
             raise
         return self.report()
 
+    def _fill_standbys(self) -> None:
+        """Start standby workers up to ``standby_workers``, counting those that
+        train as workers or are taken for a change: the job's start fills the
+        pool, and a standby lost later (it died, or a failed change stopped it)
+        is started again. A grow's standbys come back at the shrink, not here."""
+        if self._standby is None:
+            return
+        taken = sum(w.reservation is not None for w in self._group.workers)
+        pending = self._rescale.pending
+        if pending is not None:
+            taken += sum(p.reservation is not None for p in pending.new_workers.values())
+        idle = TaskResources(cpu=0.0, cpu_limit=self.config.worker_resources.cpu_limit)  # nothing Ray counts
+        n = self._standby.fill(lambda: self._rescale.start_task("worker", idle, None, "standby"), taken)
+        if n:
+            self._event(f"starting {n} standby worker(s)")
+
     def _end_run(self) -> bool:
         """The end of a run: the final metric and checkpoint of a finished or
         stopped job. False: a task died and the job went back to a checkpoint."""
@@ -141,6 +159,7 @@ class JobLoop:
             self._rescale.at_boundary()
         except SwitchFailed as failed:  # a task died while a shape change was switched in
             self._recovery.recover_switch(failed)
+        self._fill_standbys()
         if self._checkpoints.due(p.step):
             self._checkpoint_now()
 

@@ -64,10 +64,12 @@ class StandbyPool:
         """Standbys started or running, not taken."""
         return len(self._starting) + len(self._idle)
 
-    def fill(self, start: Callable[[], tasks.PendingTask]) -> int:
-        """Start standbys (``start()`` starts one, not waiting) up to ``size``; returns how many."""
+    def fill(self, start: Callable[[], tasks.PendingTask], taken: int = 0) -> int:
+        """Start standbys (``start()`` starts one, not waiting) up to ``size``,
+        less the ``taken`` ones (training as workers, or taken for a change);
+        returns how many."""
         with self._lock:
-            n = max(0, self.size - self.count())
+            n = max(0, self.size - self.count() - taken)
             self._starting += [start() for _ in range(n)]
             return n
 
