@@ -408,8 +408,8 @@ class _Actor:
 
 
 def _starting(t: tasks.Task) -> SimpleNamespace:
-    """A started task of a pending change (it runs: ``to_task`` gives ``t``)."""
-    return SimpleNamespace(handle=t.handle, task=t)
+    """A started task of a pending change (it runs: ``to_task`` gives ``t``; not a standby)."""
+    return SimpleNamespace(handle=t.handle, task=t, reservation=None)
 
 
 def _fake_job(tmp_path, monkeypatch, ps: dict[str, list[float]], workers: list[str], restore_ps: list[str]):

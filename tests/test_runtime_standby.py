@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import types
 
 import pytest
 import ray
@@ -30,6 +31,12 @@ def _alive_actors() -> set[str]:
 
 def _held_reservations() -> list[str]:
     return [pg for pg, info in placement_group_table().items() if info["state"] != "REMOVED"]
+
+
+def _maps_shards_memory(pid: int) -> bool:
+    """Whether process ``pid`` (on this machine) maps a PS shard's parameters in shared memory."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return "eps-param-" in maps.read()
 
 
 def _free_cpu_becomes(cpu: float) -> None:
@@ -65,6 +72,9 @@ def test_a_grow_takes_the_standbys_a_shrink_parks_them_and_the_end_leaves_nothin
     assert {t.pid for t in job.standbys()} == standby_pids  # parked, not killed
     _free_cpu_becomes(total - 3 * WORKER_CPU)  # the reservations released
     assert not _held_reservations()
+    # parked, they let go of the shard's parameters in shared memory (a shard may go away meanwhile)
+    wait_for(lambda: not any(_maps_shards_memory(pid) for pid in standby_pids), 10, "the parked to let go")
+    assert all(_maps_shards_memory(w.pid) for w in job.workers)  # those that train map it (the check sees it)
 
     run_until_applied(job, job.rescale(1, 4))  # the same processes again
     job.run(max_steps=2)
@@ -217,13 +227,27 @@ def test_a_users_own_loop_refuses_standbys():
         make_job(1, 1, loops.scheduled_mlp, standby_workers=1)
 
 
-def test_the_pool_parks_only_workers_that_came_from_it_and_only_up_to_its_size():
+class _Handle:
+    """A task's handle that records the calls made to it (``handle.park.remote()``)."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+
+    def __getattr__(self, method: str):
+        return types.SimpleNamespace(remote=lambda *a: self.calls.append(f"{self.name}.{method}"))
+
+
+def test_the_pool_parks_only_workers_that_came_from_it_and_only_up_to_its_size(monkeypatch):
     from elasticps.runtime.tasks import Task
 
+    calls: list[str] = []
+    monkeypatch.setattr(tasks, "release", lambda reservation: calls.append(f"release {reservation}"))
     pool = StandbyPool(1, 1.0)
-    fresh = Task("worker", "h0", "n", 1)  # it holds its CPU itself: parked, it would keep it
-    ps = Task("ps", "h1", "n", 2, reservation="r1")
-    from_pool = [Task("worker", f"h{i}", "n", i, reservation=f"r{i}") for i in (3, 4)]
+    h = [_Handle(f"h{i}", calls) for i in range(5)]
+    fresh = Task("worker", h[0], "n", 1)  # it holds its CPU itself: parked, it would keep it
+    ps = Task("ps", h[1], "n", 2, reservation="r1")
+    from_pool = [Task("worker", h[i], "n", i, reservation=f"r{i}") for i in (3, 4)]
     assert pool.park([fresh, ps, *from_pool]) == [fresh, ps, from_pool[1]]  # the pool holds one
     [parked] = pool.idle()
-    assert (parked.handle, parked.pid, parked.reservation) == ("h3", 3, None)  # its reservation released
+    assert (parked.handle, parked.pid, parked.reservation) == (h[3], 3, None)
+    assert calls == ["release r3", "h3.park"]  # its reservation released, the shards' memory let go

@@ -74,6 +74,12 @@ class FlatModel:
                 pos, k = end, k + 1
             p.data = dst.view_as(p)
 
+    def unbind(self) -> None:
+        """Every parameter a view of the model's own buffer again, letting go of
+        the shard arrays :meth:`bind` viewed (their values are the next pull's business)."""
+        for p, offset, n in self._layout:
+            p.data = self.params[offset : offset + n].view_as(p)
+
     def load(self, parts: list[np.ndarray], bounds: list[tuple[int, int]]) -> None:
         """Copy pulled shard arrays into the model's own flat buffer (a user's loop
         may then read and write its parameters freely)."""

@@ -126,6 +126,7 @@ class StandbyPool:
             for t in dropped:
                 if t.kind == "worker" and t.reservation is not None and self.count() < self.size:
                     tasks.release(t.reservation)
+                    t.handle.park.remote()  # it lets go of the shards' memory; a dead one is found at take
                     self._idle.append(tasks.Task("worker", t.handle, t.node_id, t.pid))
                 else:
                     rest.append(t)

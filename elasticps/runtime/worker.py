@@ -14,7 +14,7 @@ from elasticps.program import TrainingProgram
 from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S
 from elasticps.runtime.data import fetch_batch, forward, rows
 from elasticps.runtime.flat import FlatModel
-from elasticps.runtime.shm import OwnedVector, available
+from elasticps.runtime.shm import Attachments, OwnedVector, available
 from elasticps.runtime.worker_base import WorkerBase
 
 
@@ -45,6 +45,14 @@ class Worker(WorkerBase):
         self._grad_shm = OwnedVector("grad", numel) if shared_memory and available() else None
         self.flat = FlatModel(model, None if self._grad_shm is None else self._grad_shm.array)
         self.dataset = dataset if dataset is not None else program.build_dataset()
+
+    def park(self) -> None:
+        """Waiting as a standby (:mod:`~elasticps.runtime.standby`): let go of
+        what it holds of other tasks, the mappings of the shards' parameters
+        (shards that may be gone since) and a batch read ahead."""
+        self.flat.unbind()
+        self._attached = Attachments()
+        self._next = None
 
     def ready(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
