@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from elasticps.cli.local import _user_code_from_cwd, factory_args, job_config
+from elasticps.cli.local import _user_code_from_cwd, cmd_train, factory_args, job_config
 from elasticps.cli.main import build_parser
 from elasticps.errors import ConfigError
 
@@ -64,6 +64,8 @@ def test_a_runs_standby_workers_reach_its_job_and_a_bad_count_is_refused():
     for bad in ("-1", "1.5", "two"):
         with pytest.raises(SystemExit):
             parse("--standby-workers", bad)
+    with pytest.raises(ConfigError, match="--standby-workers 1025: a job keeps at most 1024"):
+        cmd_train(parse("--standby-workers", "1025"))  # before a Ray cluster starts
 
 
 def test_the_current_directory_is_on_the_path_for_the_driver_and_the_workers(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import types
 import pytest
 import ray
 from ray._private.state import actors
-from ray.util import placement_group_table
+from ray.util import placement_group, placement_group_table
 
 from elasticps import ConfigError, JobConfig, TaskResources
 from elasticps.examples import digits
@@ -18,7 +18,7 @@ from elasticps.runtime import relative_error, tasks, train_single_process
 from elasticps.runtime import standby as standby_module
 from elasticps.runtime.standby import StandbyPool
 from tests import loops
-from tests.helpers import kill_task, make_job, run_until_applied, wait_for
+from tests.helpers import kill_task, make_config, make_job, run_until_applied, wait_for
 
 TOL = 1e-5
 WORKER_CPU = 0.5  # tests.helpers' SMALL_TASKS
@@ -203,6 +203,56 @@ def test_a_standby_that_dies_while_its_reservation_waits_is_not_switched_in(ray_
     assert not _held_reservations()
 
 
+def test_a_killed_job_drivers_standby_reservation_is_released_by_the_managers_close(ray_local):
+    """A placement group belongs to the Ray job, not to the actor that made it:
+    the job driver's death leaves its standby's reservation held until the
+    manager's close releases what is named after that actor."""
+    from elasticps.manager.ray_runtime import RayJobRuntime
+    from elasticps.manager.runtime import Launch
+
+    before = _alive_actors()
+    total = ray.cluster_resources()["CPU"]
+    config = make_config(standby_workers=1)
+    launch = Launch("pgleak", "elasticps.examples.digits:program", {"epochs": LONG}, config, (1, 1), {})
+    handle = RayJobRuntime().start(launch)
+    # the driver, a PS, a worker and the standby run; the job trains on meanwhile
+    wait_for(lambda: len(_alive_actors() - before) == 4, 120, "the job's actors and its standby to run")
+    step = handle.poll(0, 0).step
+    wait_for(lambda: handle.poll(0, 0).step > step + 2, 60, "a few more steps")
+    handle.rescale(1, 2, {})  # takes the standby: a reservation, made inside the driver's actor
+    wait_for(lambda: handle.poll(0, 0).num_workers == 2, 60, "the grow")
+    [reservation] = _held_reservations()
+    assert placement_group_table()[reservation]["name"].startswith(f"elasticps-standby:{handle.actor._actor_id.hex()}:")
+
+    ray.kill(handle.actor, no_restart=True)  # the driver dies (a crash, OOM): its workers die with it
+    wait_for(lambda: not _alive_actors() - before, 30, "the job's actors to be gone")
+    assert _held_reservations() == [reservation]  # but not its reservation
+    handle.close()
+    assert not _held_reservations()
+    _free_cpu_becomes(total)
+
+
+def test_release_orphans_removes_one_owners_reservations_only(ray_local):
+    mine = placement_group([{"CPU": 0.1}], name="elasticps-standby:aa:1:x")
+    other = placement_group([{"CPU": 0.1}], name="elasticps-standby:aab:1:x")  # an owner whose id starts alike
+    ray.get([mine.ready(), other.ready()], timeout=30)
+    assert standby_module.release_orphans("aa") == 1
+    assert _held_reservations() == [other.id.hex()]
+    assert standby_module.release_orphans("aab:1") == 1 and not _held_reservations()
+
+
+def test_a_closed_pool_keeps_nothing_it_is_given_back():
+    from elasticps.runtime.tasks import Task
+
+    pool = StandbyPool(2, 1.0)
+    pool.close()
+    from_pool = Task("worker", "h1", "n", 1, reservation="r1")
+    assert pool.park([from_pool]) == [from_pool]  # the caller retires it and releases its reservation
+    assert not pool.idle()
+    assert pool.take(None, TaskResources(cpu=0.5), []) is None
+    assert pool.fill(lambda: pytest.fail("a closed pool starts no standby")) == 0
+
+
 class _Blocker:
     def ping(self) -> bool:
         return True
@@ -211,7 +261,8 @@ class _Blocker:
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"standby_workers": -1}, "standby_workers must be >= 0"),
+        ({"standby_workers": -1}, "standby_workers must be 0..1024, got -1"),
+        ({"standby_workers": 1025}, "standby_workers must be 0..1024, got 1025"),
         ({"standby_workers": 1.5}, "standby_workers must be an int"),
         ({"standby_workers": True}, "standby_workers must be an int"),
         ({"standby_workers": 1, "worker_resources": TaskResources(cpu=1, gpu=1)}, "CPU workers only"),

@@ -144,9 +144,12 @@ def _user_code_from_cwd() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from elasticps.errors import ConfigError
+    from elasticps.limits import MAX_TASKS
 
     if args.ps < 1 or args.workers < 1:
         raise ConfigError(f"a job needs at least 1 PS and 1 worker, got {args.ps}x{args.workers}")
+    if args.standby_workers > MAX_TASKS:  # before a cluster starts: JobConfig would refuse it after
+        raise ConfigError(f"--standby-workers {args.standby_workers}: a job keeps at most {MAX_TASKS}")
     program_args = factory_args(args.args or [])
     _check_local_cpus(args)
     _user_code_from_cwd()

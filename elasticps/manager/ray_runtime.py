@@ -18,11 +18,13 @@ import logging
 import statistics
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
 import ray
 from ray._private import ray_constants
+from ray._private import state as ray_state
 from ray.core.generated.common_pb2 import ErrorType
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -34,6 +36,7 @@ from elasticps.manager.spec import JobSpec
 from elasticps.manager.wire import NotPlainData, answer, decode, error_record, parse, with_trace
 from elasticps.runtime import JobController, JobReport
 from elasticps.runtime.output import JobLog, capture, serve_tasks
+from elasticps.runtime.standby import release_orphans
 from elasticps.sched import ClusterView, Resources
 
 log = logging.getLogger("elasticps.manager")
@@ -297,6 +300,23 @@ class RayJobHandle:
         except (ElasticPSError, ray.exceptions.GetTimeoutError) as exc:
             log.warning("closing a job's driver: %s", exc)
         ray.kill(self.actor, no_restart=True)
+        # its standbys' reservations belong to our Ray job, not to it: they outlive it unless removed here
+        actor_id = self.actor._actor_id.hex()
+        _wait_dead(actor_id, CALL_TIMEOUT_S)
+        n = release_orphans(actor_id)
+        if n:
+            log.warning("a job's driver left %d standby reservation(s): released", n)
+
+
+def _wait_dead(actor_id: str, timeout_s: float) -> None:
+    """Until Ray knows the actor ``actor_id`` is dead (a kill is carried out
+    asynchronously: until then, it may still make a reservation), or ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = ray_state.actors(actor_id)
+        if not info or info.get("State") == "DEAD":
+            return
+        time.sleep(0.05)
 
 
 class RayJobRuntime:

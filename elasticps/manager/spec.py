@@ -46,6 +46,7 @@ from pydantic import (
 )
 
 from elasticps.errors import ConfigError
+from elasticps.limits import MAX_TASKS
 
 NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 PROGRAM_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
@@ -53,7 +54,6 @@ PROGRAM_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 MAX_SPEC_BYTES = 64 * 1024
 MAX_ARGS = 32
 MAX_ARG_CHARS = 1024
-MAX_TASKS = 1024
 #: Integers a spec may carry: what a float (JSON's number, the dashboard's) holds exactly.
 MAX_INT = 2**53
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from elasticps.errors import ConfigError
+from elasticps.limits import MAX_TASKS
 
 #: How long one step may take before its late tasks are taken for hung (JobConfig.step_timeout_s).
 DEFAULT_STEP_TIMEOUT_S = 600.0
@@ -86,7 +87,7 @@ class JobConfig:
             ``elasticps bench runtime``). A dataset that cannot be pickled is
             built by each worker, as with False.
         standby_workers: how many worker processes the job keeps constructed
-            ahead, holding no Ray resources while they wait (0: none). A grow
+            ahead, holding no Ray resources while they wait (0: none; at most 1024). A grow
             takes a standby instead of starting a process (its node must be the
             one the slot is pinned to, and have room now); before it trains, a
             placement group reserves its ``worker_resources`` on its node, so
@@ -128,8 +129,8 @@ class JobConfig:
             raise ConfigError("checkpoint_every_steps must be >= 0")
         if isinstance(self.standby_workers, bool) or not isinstance(self.standby_workers, int):
             raise ConfigError(f"standby_workers must be an int, got {self.standby_workers!r}")
-        if self.standby_workers < 0:
-            raise ConfigError(f"standby_workers must be >= 0, got {self.standby_workers}")
+        if not 0 <= self.standby_workers <= MAX_TASKS:
+            raise ConfigError(f"standby_workers must be 0..{MAX_TASKS}, got {self.standby_workers}")
         if self.standby_workers and self.worker_resources.gpu:
             raise ConfigError("standby_workers keeps CPU workers only: worker_resources asks for GPUs")
         for name in ("report_interval_s", "placement_timeout_s", "liveness_timeout_s", "step_timeout_s"):

@@ -45,7 +45,7 @@ from elasticps.runtime.recovery import Checkpoints, Recovery
 from elasticps.runtime.reports import EpochReport, JobReport, RescaleRecord, WindowReport
 from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
-from elasticps.runtime.standby import StandbyPool
+from elasticps.runtime.standby import StandbyPool, release_orphans
 from elasticps.runtime.task_group import TaskGroup
 
 log = logging.getLogger("elasticps.runtime")
@@ -318,6 +318,9 @@ class JobController(JobLoop):
             self._group.nodes_used |= self._standby.nodes_used
         self._group.sweep()
         self._rescale.dataset_ref = None  # freed from the object store
+        if self._standby is not None and self._standby.owner is not None:
+            # last: a reservation made while the loop thread raced this shutdown (taken, not yet installed)
+            release_orphans(self._standby.owner)
 
     def checkpoint(self) -> None:
         if not self._checkpoints.store:

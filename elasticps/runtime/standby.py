@@ -27,22 +27,56 @@ A shrink gives workers that came from the pool back to it
 (:meth:`StandbyPool.park`): the reservation is released, the process stays.
 Workers started fresh hold their resources in the actor itself and are
 retired as before. A standby that died is dropped, never handed out; the
-job's end retires the pool (:meth:`StandbyPool.close`).
+job's end retires the pool (:meth:`StandbyPool.close`); a standby taken, parked or given
+back after that is retired, its reservation released.
+
+A placement group belongs to the Ray job, not to the actor that made it: when
+the process that runs the job (the manager's job driver actor) dies, its
+workers die with it but their reservations would hold their resources for the
+Ray job's whole life. So each reservation is named after its owner,
+``elasticps-standby:<actor or job id>:<pool token>:<uuid>``, and whoever ends
+that process, or the job's own shutdown, removes what is left of them
+(:func:`release_orphans`): with the actor's id, every pool of that process;
+with :attr:`StandbyPool.owner`, that pool's alone (two jobs of one Python
+driver share its job id, never a pool token).
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 
 import ray
-from ray.util import placement_group
+from ray._raylet import PlacementGroupID
+from ray.util import placement_group, placement_group_table
+from ray.util.placement_group import PlacementGroup
 
 from elasticps.runtime import tasks
 from elasticps.runtime.config import TaskResources
 from elasticps.runtime.slots import fits_now
 
 NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
+RESERVATION_PREFIX = "elasticps-standby"  # the name of every standby's reservation starts so
+
+
+def process_owner() -> str:
+    """Who the reservations this process makes are named after: the Ray actor
+    it runs in (a manager's job driver), else its Ray job (a Python driver)."""
+    context = ray.get_runtime_context()
+    return context.get_actor_id() or context.get_job_id()
+
+
+def release_orphans(owner: str) -> int:
+    """Remove every standby reservation named after ``owner`` (an actor's or
+    job's id, or a pool's :attr:`StandbyPool.owner`) that is not removed yet;
+    returns how many."""
+    prefix = f"{RESERVATION_PREFIX}:{owner}:"
+    mine = [pg for pg, info in placement_group_table().items()
+            if info["state"] != "REMOVED" and (info.get("name") or "").startswith(prefix)]  # fmt: skip
+    for pg in mine:
+        tasks.release(PlacementGroup(PlacementGroupID(bytes.fromhex(pg))))
+    return len(mine)
 
 
 class StandbyPool:
@@ -58,6 +92,9 @@ class StandbyPool:
         self._starting: list[tasks.PendingTask] = []  # started, not known to run yet
         self._idle: list[tasks.Task] = []  # running, waiting to be taken
         self.nodes_used: set[str] = set()  # where standbys ran: swept at the job's end
+        self.owner: str | None = None  # what its reservations are named after, once it made one
+        self.closed = False  # retired: nothing taken, parked or given back is kept
+        self._token = uuid.uuid4().hex[:12]
         self._lock = threading.RLock()
 
     def count(self) -> int:
@@ -69,7 +106,7 @@ class StandbyPool:
         less the ``taken`` ones (training as workers, or taken for a change);
         returns how many."""
         with self._lock:
-            n = max(0, self.size - self.count() - taken)
+            n = 0 if self.closed else max(0, self.size - self.count() - taken)
             self._starting += [start() for _ in range(n)]
             return n
 
@@ -87,7 +124,7 @@ class StandbyPool:
         taken for the same change will hold: appended to), with its
         reservation asked for; None if there is none."""
         with self._lock:
-            return self._take(node, resources, claimed)
+            return None if self.closed else self._take(node, resources, claimed)
 
     def _take(
         self, node: str | None, resources: TaskResources, claimed: list[tuple[str, dict[str, float]]]
@@ -105,7 +142,10 @@ class StandbyPool:
                 tasks.kill(t.handle)  # dead or hung: never handed out
                 continue
             claimed.append((t.node_id, need))
-            reservation = placement_group([need], bundle_label_selector=[{NODE_ID_LABEL: t.node_id}])
+            if self.owner is None:
+                self.owner = f"{process_owner()}:{self._token}"
+            name = f"{RESERVATION_PREFIX}:{self.owner}:{uuid.uuid4().hex}"
+            reservation = placement_group([need], name=name, bundle_label_selector=[{NODE_ID_LABEL: t.node_id}])
             return tasks.PendingTask(
                 "worker",
                 t.handle,
@@ -123,6 +163,8 @@ class StandbyPool:
         the tasks left to retire."""
         rest: list[tasks.Task] = []
         with self._lock:
+            if self.closed:  # the job ends: its caller retires them all
+                return list(dropped)
             for t in dropped:
                 if t.kind == "worker" and t.reservation is not None and self.count() < self.size:
                     tasks.release(t.reservation)
@@ -149,14 +191,17 @@ class StandbyPool:
         its reservation released, back in the pool if the pool has room, else stopped."""
         with self._lock:
             tasks.release(taken.reservation)
-            if taken.info is not None and self.count() < self.size:
+            if taken.info is not None and self.count() < self.size and not self.closed:
                 self._idle.append(tasks.Task("worker", taken.handle, taken.info["node_id"], taken.info["pid"]))
+            elif self.closed:
+                tasks.retire([taken.handle])
             else:
                 tasks.kill(taken.handle)
 
     def close(self) -> None:
         """Retire every standby (they release their shared memory first)."""
         with self._lock:
+            self.closed = True
             self._settle()
             tasks.retire([t.handle for t in self._idle] + [p.handle for p in self._starting])
             self._starting, self._idle = [], []
