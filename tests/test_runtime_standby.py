@@ -125,11 +125,12 @@ def test_a_killed_worker_from_the_standbys_releases_its_reservation_and_is_repla
     assert not _held_reservations()
 
 
-def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_takes_its_slot(ray_local, monkeypatch):
+def _one_standby_and_no_room(monkeypatch):
+    """A 1x1 job with one standby running, and another task holding every CPU left: a grow takes the
+    standby (the pool is told its node has room) and its reservation waits. Returns (job, standby, blocker)."""
     job = make_job(1, 1, digits.program(epochs=LONG), standby_workers=1)
     job.run(max_steps=1)
     wait_for(lambda: len(job.standbys()) == 1, 120, "the standby to run")
-    job._rescale.config = dataclasses.replace(job.config, placement_timeout_s=2.0)  # its rescales' wait only
     [standby] = job.standbys()
     free = ray.cluster_resources()["CPU"] - 2 * WORKER_CPU
     _free_cpu_becomes(free)
@@ -137,6 +138,12 @@ def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_t
     ray.get(blocker.ping.remote(), timeout=60)
     # the room the pool saw goes to another task before the reservation gets it (a race Ray cannot be made to lose)
     monkeypatch.setattr(standby_module, "fits_now", lambda needs, free: True)
+    return job, standby, blocker
+
+
+def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_takes_its_slot(ray_local, monkeypatch):
+    job, standby, blocker = _one_standby_and_no_room(monkeypatch)
+    job._rescale.config = dataclasses.replace(job.config, placement_timeout_s=2.0)  # its rescales' wait only
     request = job.rescale(1, 2)
     deadline = time.monotonic() + 60
     while not job.report().rescales and time.monotonic() < deadline:
@@ -153,15 +160,7 @@ def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_t
 
 
 def test_a_cancelled_grow_gives_its_standby_back(ray_local, monkeypatch):
-    job = make_job(1, 1, digits.program(epochs=LONG), standby_workers=1)
-    job.run(max_steps=1)
-    wait_for(lambda: len(job.standbys()) == 1, 120, "the standby to run")
-    [standby] = job.standbys()
-    free = ray.cluster_resources()["CPU"] - 2 * WORKER_CPU
-    _free_cpu_becomes(free)
-    blocker = ray.remote(num_cpus=free)(_Blocker).remote()
-    ray.get(blocker.ping.remote(), timeout=60)
-    monkeypatch.setattr(standby_module, "fits_now", lambda needs, free: True)  # taken, its reservation waits
+    job, standby, blocker = _one_standby_and_no_room(monkeypatch)
     job.rescale(1, 2)
     job.run(max_steps=2)
     assert not job.standbys() and len(_held_reservations()) == 1  # taken for the grow, waiting for room
@@ -175,15 +174,7 @@ def test_a_cancelled_grow_gives_its_standby_back(ray_local, monkeypatch):
 
 
 def test_a_standby_that_dies_while_its_reservation_waits_is_not_switched_in(ray_local, monkeypatch):
-    job = make_job(1, 1, digits.program(epochs=LONG), standby_workers=1)
-    job.run(max_steps=1)
-    wait_for(lambda: len(job.standbys()) == 1, 120, "the standby to run")
-    [standby] = job.standbys()
-    free = ray.cluster_resources()["CPU"] - 2 * WORKER_CPU
-    _free_cpu_becomes(free)
-    blocker = ray.remote(num_cpus=free)(_Blocker).remote()
-    ray.get(blocker.ping.remote(), timeout=60)
-    monkeypatch.setattr(standby_module, "fits_now", lambda needs, free: True)  # taken, its reservation waits
+    job, standby, blocker = _one_standby_and_no_room(monkeypatch)
     request = job.rescale(1, 2)
     job.run(max_steps=2)
     assert not job.standbys()  # taken
