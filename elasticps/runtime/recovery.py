@@ -338,10 +338,10 @@ class Recovery:
         self._flush()  # the open window's steps ran in a row at the shape there was: the redone ones start a new one
         group = self.group
         hung = waited_on(exc)  # a task's own wait ran out on these: they are taken for hung
-        group.stop(hung or ())
+        stopped = {id(t) for t in group.stop(hung or ())}
         timeout = self.config.liveness_timeout_s
-        dead_ps = [t for t in group.ps if not tasks.is_alive(t.handle, timeout)]
-        dead_workers = [t for t in group.workers if not tasks.is_alive(t.handle, timeout)]
+        dead_ps = [t for t in group.ps if id(t) in stopped or not tasks.is_alive(t.handle, timeout)]
+        dead_workers = [t for t in group.workers if id(t) in stopped or not tasks.is_alive(t.handle, timeout)]
         self.rescaler.suspects.mark([t.node_id for t in dead_ps + dead_workers], time.monotonic())
         plan = plan_recovery(
             len(dead_ps),

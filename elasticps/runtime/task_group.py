@@ -61,13 +61,16 @@ class TaskGroup:
         """Where every task runs: ``{"ps-0": node id, "worker-0": node id, ...}``."""
         return {name: t.node_id for name, t in self._by_name().items()}
 
-    def stop(self, names: Iterable[str]) -> None:
+    def stop(self, names: Iterable[str]) -> list[tasks.Task]:
         """Kill the running tasks of ``names`` (``ps-1``, ``worker-0``: their
-        slots), taken for hung; they stay in the lists, for a recovery to find dead."""
+        slots), taken for hung; they stay in the lists, for a recovery to take
+        for dead. Returns them (Ray carries a kill out asynchronously: a ping
+        just after it may still be answered)."""
         by_name = self._by_name()
-        for name in names:
-            if name in by_name:
-                tasks.kill(by_name[name].handle)
+        stopped = [by_name[name] for name in names if name in by_name]
+        for t in stopped:
+            tasks.kill(t.handle)
+        return stopped
 
     def _by_name(self) -> dict[str, tasks.Task]:
         out = {task_name("ps", i): t for i, t in enumerate(self.ps)}
