@@ -68,3 +68,31 @@ def test_shapes_bench_measures_a_real_job_on_a_multi_node_cluster():
         assert len(g["runs"]) == 2 and all(v > 0 for v in g["runs"])  # measured forward and back
         assert 1 <= g["nodes"] <= 2
     assert out["best"]["samples_per_s"] == max(g["samples_per_s"] for g in out["grid"])
+
+
+@pytest.mark.parametrize("model", sorted(shapes_bench.MODELS))
+def test_every_shapes_model_builds_a_program_at_the_asked_batch(model):
+    description, build = shapes_bench.MODELS[model]
+    program = build(32)
+    assert program.batch_size == 32
+    assert sum(p.numel() for p in program.model().parameters()) > 0
+    assert len(program.build_dataset()) == 32 * 64
+    assert "parameters" in description
+
+
+def test_shapes_bench_refuses_an_unknown_model_before_starting_anything():
+    with pytest.raises(ValueError, match="unknown model 'resnet'.*mlp10m"):
+        shapes_bench.run(model="resnet")
+
+
+def test_bench_shapes_command_checks_its_options_before_starting_anything(capsys):
+    from elasticps.cli import main
+
+    with pytest.raises(SystemExit, match="three numbers"):
+        main(["bench", "shapes", "--grid-limits", "4,6"])
+    with pytest.raises(SystemExit):
+        main(["bench", "shapes", "--model", "resnet"])
+    assert "invalid choice: 'resnet'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "shapes", "--cores-per-task", "0"])
+    assert "expected a number above 0" in capsys.readouterr().err

@@ -5,12 +5,12 @@ nodes of ``node_cpus`` logical CPUs). Every task asks 1 CPU and is held to
 ``cores_per_task`` real cores (:mod:`elasticps.runtime.cpu_limit`, standing in
 for a container's CPU limit), so the largest shape's tasks together use less
 than this machine's cores and each shape's speed is its own, not a share of a
-contended machine. One job (the synthetic 10.0M-parameter MLP, 40 MB of
-float32 parameters, Adam, global batch 256, sync mode) is rescaled through
-every shape of the grid; each shape is placed by :func:`elasticps.placement.place`
-(``locality``) and timed over ``steps`` steps after a warm-up step. The grid is
-walked forward and then backward, so a slow drift of the machine's speed
-averages out; each shape's figure is the median of its passes.
+contended machine. One job (``model``, one of :data:`MODELS`: by default the
+synthetic 10.0M-parameter MLP, 40 MB of float32 parameters, Adam, global
+batch 256; sync mode) is rescaled through every shape of the grid; each shape
+is placed by :func:`elasticps.placement.place` (``locality``) and timed over
+``steps`` steps after a warm-up step. The grid is walked forward and then
+backward, so a slow drift of the machine's speed averages out; each shape's figure is the median of its passes.
 
 The result is the reference ``elasticps bench explore`` replays the scheduler's
 probe walk against.
@@ -24,12 +24,38 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from elasticps.examples import synthetic
+from elasticps.examples import embedding, synthetic, transformer
 from elasticps.placement import place
+from elasticps.program import TrainingProgram
 from elasticps.runtime import JobConfig, JobController, TaskResources
 from elasticps.sched import ClusterView, JobView, NodeView, Resources
 
 JOB = "shapes"
+#: Enough samples that no pass ends an epoch's worth of shuffling early.
+_SAMPLES_PER_BATCH = 64
+_EPOCHS = 100_000
+
+#: Models whose speed surfaces differ: ``name: (what it is, builder of its
+#: program at a global batch)``. The MLP's best shape has a few more workers
+#: than PS; the transformer is compute-bound (workers split its step); the
+#: embedding model is PS-bound (Adam over a 16M-row-parameter table and every
+#: worker's dense table gradient summed on the shards).
+MODELS: dict[str, tuple[str, Callable[[int], TrainingProgram]]] = {
+    "mlp10m": (
+        "synthetic MLP 512-2048-2048-2048-256, 10.0M float32 parameters (40 MB), Adam",
+        lambda batch: synthetic.program(batch_size=batch, epochs=_EPOCHS, num_samples=batch * _SAMPLES_PER_BATCH),
+    ),
+    "transformer2m": (
+        "transformer encoder, width 256, 4 layers, 8 heads, 2.1M parameters, AdamW",
+        lambda batch: transformer.program(
+            epochs=_EPOCHS, batch_size=batch, samples=batch * _SAMPLES_PER_BATCH, width=256, layers=4, heads=8
+        ),
+    ),
+    "embedding16m": (
+        "EmbeddingBag 1M x 16 (dense gradient) and a 64-64-1 MLP, 16.0M parameters (64 MB), Adam",
+        lambda batch: embedding.program(batch_size=batch, samples=batch * _SAMPLES_PER_BATCH, epochs=_EPOCHS),
+    ),
+}
 
 
 def grid_shapes(max_ps: int, max_workers: int, max_tasks: int) -> list[tuple[int, int]]:
@@ -56,8 +82,11 @@ def run(
     node_cpus: int = 4,
     cores_per_task: float = 0.15,
     batch: int = 256,
+    model: str = "mlp10m",
     say: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
     import ray
     from ray.cluster_utils import Cluster
 
@@ -85,7 +114,8 @@ def run(
             gns_every_steps=0,
             placement_timeout_s=120.0,
         )
-        program = synthetic.program(batch_size=batch, epochs=100_000, num_samples=batch * 64)
+        description, build = MODELS[model]
+        program = build(batch)
         order = walk_order(shapes)
         passes = order + order[::-1]
 
@@ -124,7 +154,8 @@ def run(
         best = max(grid, key=lambda g: g["samples_per_s"])
         return {
             "workload": {
-                "model": "synthetic MLP 512-2048-2048-2048-256, 10.0M float32 parameters (40 MB), Adam, sync",
+                "model": f"{description}, sync",
+                "model_name": model,
                 "global_batch": batch,
                 "steps_timed_per_pass": steps,
                 "cluster": f"{nodes} Ray nodes x {node_cpus} CPUs (ray.cluster_utils.Cluster on one machine)",

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticps.cli.common import POLICIES, nonnegative_int, write_json
+from elasticps.cli.common import POLICIES, nonnegative_int, positive_float, positive_int, write_json
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -141,7 +141,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from elasticps.bench import shapes_bench
 
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-        write_json(args.json, shapes_bench.run(steps=args.steps or 8, say=say))
+        grid = _int_list(args.grid_limits) if args.grid_limits else [4, 8, 10]
+        if len(grid) != 3:
+            raise SystemExit("--grid-limits: three numbers, MAX_PS,MAX_WORKERS,MAX_TASKS")
+        shape_args = {"batch": args.batch} if args.batch else {}
+        if args.cores_per_task:
+            shape_args["cores_per_task"] = args.cores_per_task
+        result = shapes_bench.run(*grid, steps=args.steps or 8, model=args.model, say=say, **shape_args)
+        write_json(args.json, result)
         return 0
     if args.what == "explore":
         from elasticps.bench import explore_bench
@@ -286,6 +293,17 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--kinds", help="chaos: comma-separated fault kinds (default: all)")
     bench.add_argument(
         "--grid", default="docs/results/bench-shapes.json", help="explore: a measured grid from 'bench shapes'"
+    )
+    bench.add_argument(
+        "--model", default="mlp10m", choices=["mlp10m", "transformer2m", "embedding16m"],
+        help="shapes: the model whose speed grid to measure",
+    )  # fmt: skip
+    bench.add_argument("--batch", type=positive_int, help="shapes: the global batch (256)")
+    bench.add_argument(
+        "--cores-per-task", type=positive_float, help="shapes: the real cores every task is held to (0.15)"
+    )
+    bench.add_argument(
+        "--grid-limits", metavar="MAX_PS,MAX_WORKERS,MAX_TASKS", help="shapes: the grid's limits (4,8,10)"
     )
     bench.add_argument("--probes", default="3,5,8", help="explore: report the choice after this many probes")
     bench.add_argument("--batches", default="128,256,512", help="batches: the global batches to train at")
