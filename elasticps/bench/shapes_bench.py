@@ -1,7 +1,8 @@
 """``elasticps bench shapes``: a real job's samples/s over a (#PS, #workers) grid.
 
 A local multi-raylet Ray cluster (``ray.cluster_utils.Cluster``: ``nodes``
-nodes of ``node_cpus`` logical CPUs). Every task asks 1 CPU and is held to
+nodes of ``node_cpus`` logical CPUs, each with the object store ``bench peers``
+gives its nodes: with Ray's default 150 MiB a step's gradients spill to disk). Every task asks 1 CPU and is held to
 ``cores_per_task`` real cores (:mod:`elasticps.runtime.cpu_limit`, standing in
 for a container's CPU limit), so the largest shape's tasks together use less
 than this machine's cores and each shape's speed is its own, not a share of a
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elasticps.bench.peers.common import NODE_OBJECT_STORE_BYTES, add_node
 from elasticps.examples import embedding, synthetic, transformer
 from elasticps.placement import place
 from elasticps.program import TrainingProgram
@@ -100,7 +102,7 @@ def run(
     job = None
     try:
         for _ in range(nodes):
-            cluster.add_node(num_cpus=node_cpus)
+            add_node(cluster, num_cpus=node_cpus)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, logging_level="ERROR")
         ray_nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
@@ -159,6 +161,7 @@ def run(
                 "global_batch": batch,
                 "steps_timed_per_pass": steps,
                 "cluster": f"{nodes} Ray nodes x {node_cpus} CPUs (ray.cluster_utils.Cluster on one machine)",
+                "object_store_bytes_per_node": NODE_OBJECT_STORE_BYTES,
                 "cores_per_task": cores_per_task,
                 "grid": {"max_ps": max_ps, "max_workers": max_workers, "max_tasks": max_tasks},
                 "placement": "locality",
