@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import time
 
 import numpy as np
@@ -122,6 +123,39 @@ def test_the_embedding_workload_is_a_large_table_and_a_small_mlp():
     np.testing.assert_array_equal(loop.initial_params(), flat_params(model))
 
 
+def test_the_embedding_table_takes_the_rows_asked_for_in_every_process_it_is_rebuilt_in():
+    config = peers.PeersConfig(workloads=("embedding",), embedding_rows=3_000_000)
+    workload = config.workload("embedding")
+    rebuilt = pickle.loads(pickle.dumps(workload))  # how DDP ranks and Ray actors receive it
+    assert rebuilt.program().build_model().table.weight.shape == (3_000_000, 16)
+    assert workload.table_mib() == 3_000_000 * 16 * 4 / 2**20
+    assert peers.setup(config)["table_mib"] == {"embedding": workload.table_mib()}
+    [held] = load_program(workload.ps_table_loop()).tables.tables
+    assert held.rows == 3_000_000
+
+
+def test_a_run_of_some_systems_measures_those_alone():
+    config = peers.PeersConfig(
+        workloads=("embedding",),
+        workers=(1,),
+        ps_sweep=(1,),
+        repeats=1,
+        steps=2,
+        three_nodes=False,
+        resize_systems=(),
+        limit_repeats=0,
+        small=True,
+        systems=("elasticps", "ddp_gloo"),
+    )
+    out = peers.run(config)
+    assert set(out["throughput"]["embedding"]["1"]) == {"elasticps", "ddp_gloo"}
+    assert set(out["throughput_detail"]["embedding"]["1"]) == {"elasticps_p1", "ddp_gloo", "elasticps_chosen_ps"}
+    assert set(out["memory"]["embedding"]["1"]) == {"elasticps", "ddp_gloo"}
+    assert out["goals"]["embedding_elasticps>ddp_at_every_W"] is not None
+    with pytest.raises(ValueError, match="embedding_rows must be >= 1"):
+        peers.PeersConfig(embedding_rows=0)
+
+
 @pytest.fixture(scope="module")
 def quick_run():
     # 2 s at each size: the tiny workload trains hundreds of steps in that time, enough to tell the rates apart
@@ -219,6 +253,8 @@ def test_ray_train_grows_its_worker_group_when_a_node_joins():
         (["--workloads", "resnet"], "unknown workload 'resnet'"),
         (["--resize-systems", "horovod"], "unknown resize systems ['horovod']"),
         (["--workers", "0"], "workers, repeats and steps must be >= 1"),
+        (["--systems", "horovod"], "unknown systems ['horovod']"),
+        (["--systems", "ddp_gloo"], "systems must include elasticps"),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(args, says, capsys):

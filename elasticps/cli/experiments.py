@@ -190,6 +190,10 @@ def _bench_peers(args: argparse.Namespace) -> int:
         changes["steps"] = args.steps
     if args.resize_systems is not None:
         changes["resize_systems"] = tuple(s.strip() for s in args.resize_systems.split(",") if s.strip())
+    if args.systems:
+        changes["systems"] = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    if args.embedding_rows:
+        changes["embedding_rows"] = args.embedding_rows
     try:
         config = dataclasses.replace(config, **changes)
     except ValueError as exc:
@@ -274,6 +278,12 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--repeats", type=int, default=None, help="peers: repeats of every measurement (3)")
     bench.add_argument(
         "--resize-systems", help="peers: comma-separated (elasticps,elasticps_standby,ray_train,torchrun; '' for none)"
+    )
+    bench.add_argument(
+        "--systems", help="peers: comma-separated throughput systems (elasticps,elasticps_dense,ddp_gloo,plain_ps)"
+    )
+    bench.add_argument(
+        "--embedding-rows", type=positive_int, help="peers: the embedding table's rows (1000000; 16 floats each)"
     )
     bench.add_argument("--plot", default="out/bench-peers.png", help="peers: where to write the plot")
     bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")

@@ -29,7 +29,7 @@ from typing import Any
 from elasticps.bench.peers import ddp, elasticps_ps, plain_ps, ray_train, torchrun
 from elasticps.bench.peers.common import NODE_OBJECT_STORE_BYTES, RunResult, add_node
 from elasticps.bench.peers.resize import Timeline, summarize
-from elasticps.bench.peers.workloads import NAMES, Workload
+from elasticps.bench.peers.workloads import EMBEDDING_ROWS, NAMES, Workload
 
 THROUGHPUT_SYSTEMS = ("elasticps", "elasticps_dense", "ddp_gloo", "plain_ps")
 RESIZE_SYSTEMS = ("elasticps", "elasticps_standby", "ray_train", "torchrun")
@@ -55,8 +55,19 @@ class PeersConfig:
     resize_systems: tuple[str, ...] = RESIZE_SYSTEMS
     limit_repeats: int = 10  # 0: no push+pull measurement
     small: bool = False  # the workloads' small versions (tests)
+    #: the throughput runs' systems; a table too large to replicate cheaply leaves out
+    #: those that do (elasticps_dense, plain_ps: a copy per worker and per PS)
+    systems: tuple[str, ...] = THROUGHPUT_SYSTEMS
+    embedding_rows: int = EMBEDDING_ROWS
 
     def __post_init__(self) -> None:
+        unknown_systems = set(self.systems) - set(THROUGHPUT_SYSTEMS)
+        if unknown_systems:
+            raise ValueError(f"unknown systems {sorted(unknown_systems)}; choose from {', '.join(THROUGHPUT_SYSTEMS)}")
+        if "elasticps" not in self.systems:
+            raise ValueError("systems must include elasticps: every figure is elasticps beside its peers")
+        if self.embedding_rows < 1:
+            raise ValueError(f"embedding_rows must be >= 1, got {self.embedding_rows}")
         for name in (*self.workloads, self.resize_workload):
             if name not in NAMES:
                 raise ValueError(f"unknown workload {name!r}; choose from {', '.join(NAMES)}")
@@ -65,6 +76,9 @@ class PeersConfig:
             raise ValueError(f"unknown resize systems {sorted(unknown)}; choose from {', '.join(RESIZE_SYSTEMS)}")
         if min(self.workers, default=0) < 1 or self.repeats < 1 or self.steps < 1:
             raise ValueError("workers, repeats and steps must be >= 1")
+
+    def workload(self, name: str) -> Workload:
+        return Workload(name, self.small, self.embedding_rows)
 
 
 QUICK = PeersConfig(
@@ -115,7 +129,7 @@ def run(config: PeersConfig, say: Callable[[str], None] = lambda _: None, cluste
 
 
 def setup(config: PeersConfig) -> dict[str, Any]:
-    workloads = [Workload(name, config.small) for name in config.workloads]
+    workloads = [config.workload(name) for name in config.workloads]
     return {
         "config": asdict(config),
         "workloads": {w.name: w.describe() for w in workloads},
@@ -141,11 +155,12 @@ def throughput_runs(config: PeersConfig, say: Callable[[str], None]) -> Runs:
     runs: Runs = {}
     for r in range(config.repeats):
         for name in config.workloads:
-            workload = Workload(name, config.small)
+            workload = config.workload(name)
             for w in config.workers:
                 labels = [f"elasticps_p{p}" for p in config.ps_sweep]
-                labels += ["elasticps_dense_p1"] if workload.ps_table_loop() else []
-                labels += ["ddp_gloo", "plain_ps"]
+                dense = workload.ps_table_loop() is not None and "elasticps_dense" in config.systems
+                labels += ["elasticps_dense_p1"] if dense else []
+                labels += [system for system in ("ddp_gloo", "plain_ps") if system in config.systems]
                 shift = r % len(labels)
                 for label in labels[shift:] + labels[:shift]:
                     result = _one(label, workload, w, config)
@@ -237,7 +252,7 @@ def three_node_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None
         others = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head]
         out: dict[str, Any] = {"how": "PS on the head node, workers alternating over two other Ray nodes"}
         for name in config.workloads:
-            workload = Workload(name, config.small)
+            workload = config.workload(name)
             for w in config.workers:
                 pins = {"ps-0": head, **{f"worker-{i}": others[i % 2] for i in range(w)}}
                 tables = workload.ps_table_loop() is not None
@@ -255,7 +270,7 @@ def three_node_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None
 
 # ---------------------------------------------------------------------- resize
 def resize_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None]) -> dict[str, list[Timeline]]:
-    workload = Workload(config.resize_workload, config.small)
+    workload = config.workload(config.resize_workload)
     systems = list(config.resize_systems)
     skipped = ray_train.available()
     if skipped and "ray_train" in systems:

@@ -21,12 +21,16 @@ from elasticps.runtime.data import DataPosition, GlobalBatches, fetch_batch, for
 
 GLOBAL_BATCH = 256
 NAMES = ("dense_mlp_10m", "transformer", "embedding")
+#: The embedding workload's table rows (16 floats each): 61 MiB, less than a worker's own footprint.
+EMBEDDING_ROWS = 1_000_000
 
 
 @dataclass(frozen=True)
 class Workload:
     name: str
     small: bool = False
+    #: the embedding table's rows (``small``: 5,000 whatever this says)
+    rows: int = EMBEDDING_ROWS
 
     def program(self) -> TrainingProgram:
         if self.name not in NAMES:
@@ -45,7 +49,7 @@ class Workload:
 
     def _embedding_args(self) -> dict[str, Any]:
         batch = 32 if self.small else GLOBAL_BATCH
-        rows = 5_000 if self.small else 1_000_000
+        rows = 5_000 if self.small else self.rows
         return {"rows": rows, "batch_size": batch, "samples": 64 * batch, "epochs": 10_000, "lr": 0.01}
 
     def ps_table_loop(self) -> Callable[..., Any] | None:
