@@ -123,15 +123,36 @@ def test_the_embedding_workload_is_a_large_table_and_a_small_mlp():
     np.testing.assert_array_equal(loop.initial_params(), flat_params(model))
 
 
-def test_the_embedding_table_takes_the_rows_asked_for_in_every_process_it_is_rebuilt_in():
+def test_the_embedding_table_takes_the_rows_asked_for_in_every_process_it_is_rebuilt_in(tmp_path):
+    from elasticps.bench.peers import torchrun, torchrun_train
+
     config = peers.PeersConfig(workloads=("embedding",), embedding_rows=3_000_000)
     workload = config.workload("embedding")
-    rebuilt = pickle.loads(pickle.dumps(workload))  # how DDP ranks and Ray actors receive it
-    assert rebuilt.program().build_model().table.weight.shape == (3_000_000, 16)
+    assert workload.program().build_model().table.weight.shape == (3_000_000, 16)
     assert workload.table_mib() == 3_000_000 * 16 * 4 / 2**20
     assert peers.setup(config)["table_mib"] == {"embedding": workload.table_mib()}
     [held] = load_program(workload.ps_table_loop()).tables.tables
     assert held.rows == 3_000_000
+    # DDP ranks and Ray actors receive the Workload pickled; torchrun's workers read it from their command line
+    assert pickle.loads(pickle.dumps(workload)) == workload
+    args = torchrun_train.parser().parse_args(torchrun.train_args(workload, tmp_path, 1))
+    assert args.workload == workload and args.workload.rows == 3_000_000
+
+
+def test_goals_without_ddp_say_unknown_instead_of_failing_the_run():
+    out = {
+        "resize": {},
+        "throughput": {"dense_mlp_10m": {"2": {"elasticps": 900.0}, "4": {"elasticps": 1500.0, "ddp_gloo": 1000.0}}},
+        "memory": {},
+        "setup": {"table_mib": {}},
+        "limit": {},
+    }
+    goals = peers.goals(out)
+    assert goals["dense_one_node_elasticps>=0.9x_ddp_at_W=2,4"] is True  # W = 4 alone had DDP to compare with
+    del out["throughput"]["dense_mlp_10m"]["4"]["ddp_gloo"]
+    assert peers.goals(out)["dense_one_node_elasticps>=0.9x_ddp_at_W=2,4"] is None
+    with pytest.raises(ValueError, match="embedding_rows must be >= 1"):
+        peers.PeersConfig(embedding_rows=0)
 
 
 def test_a_run_of_some_systems_measures_those_alone():
@@ -152,8 +173,6 @@ def test_a_run_of_some_systems_measures_those_alone():
     assert set(out["throughput_detail"]["embedding"]["1"]) == {"elasticps_p1", "ddp_gloo", "elasticps_chosen_ps"}
     assert set(out["memory"]["embedding"]["1"]) == {"elasticps", "ddp_gloo"}
     assert out["goals"]["embedding_elasticps>ddp_at_every_W"] is not None
-    with pytest.raises(ValueError, match="embedding_rows must be >= 1"):
-        peers.PeersConfig(embedding_rows=0)
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +274,8 @@ def test_ray_train_grows_its_worker_group_when_a_node_joins():
         (["--workers", "0"], "workers, repeats and steps must be >= 1"),
         (["--systems", "horovod"], "unknown systems ['horovod']"),
         (["--systems", "ddp_gloo"], "systems must include elasticps"),
+        (["--systems", ""], "systems must include elasticps"),
+        (["--model", "mlp10m"], "bench peers does not take --model (bench shapes does)"),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(args, says, capsys):
@@ -263,3 +284,19 @@ def test_bad_options_are_refused_before_anything_starts(args, says, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "peers", "--quick", *args])
     assert says in str(exc.value)
+
+
+def test_bench_peers_command_passes_systems_and_table_rows_to_the_run(monkeypatch):
+    from elasticps.cli import main
+
+    class Seen(Exception):
+        pass
+
+    def run(config, say):
+        raise Seen(config)
+
+    monkeypatch.setattr(peers, "run", run)
+    with pytest.raises(Seen) as seen:
+        main(["bench", "peers", "--systems", "elasticps,ddp_gloo", "--embedding-rows", "3000000"])
+    [config] = seen.value.args
+    assert config.systems == ("elasticps", "ddp_gloo") and config.embedding_rows == 3_000_000

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import random
 
 import pytest
@@ -96,3 +97,37 @@ def test_bench_shapes_command_checks_its_options_before_starting_anything(capsys
     with pytest.raises(SystemExit):
         main(["bench", "shapes", "--cores-per-task", "0"])
     assert "expected a number above 0" in capsys.readouterr().err
+    for limits in ("0,8,10", "4,8,1", "4,8"):
+        with pytest.raises(SystemExit, match="--grid-limits: three numbers"):
+            main(["bench", "shapes", "--grid-limits", limits])
+    with pytest.raises(SystemExit, match="error: bench shapes: .*exceeds the cluster's 12 CPUs|would use"):
+        main(["bench", "shapes", "--grid-limits", "4,8,13"])
+    with pytest.raises(SystemExit, match="error: bench shapes: the largest shape's 10 tasks .* contended machine"):
+        main(["bench", "shapes", "--cores-per-task", str(os.cpu_count())])
+    with pytest.raises(SystemExit, match="bench shapes does not take --embedding-rows"):
+        main(["bench", "shapes", "--embedding-rows", "3000000"])
+    with pytest.raises(SystemExit, match="bench explore does not take --batch"):
+        main(["bench", "explore", "--batch", "64"])
+
+
+def test_bench_shapes_command_passes_its_options_to_the_benchmark(monkeypatch, tmp_path):
+    from elasticps.cli import main
+    from elasticps.cli.main import build_parser
+
+    seen = {}
+    monkeypatch.setattr(shapes_bench, "run", lambda *a, **kw: seen.update(args=a, kw=kw) or {"grid": []})
+    out = tmp_path / "grid.json"
+    argv = ["bench", "shapes", "--model", "embedding16m", "--batch", "128", "--cores-per-task", "0.1"]
+    assert main([*argv, "--grid-limits", "3,5,7", "--steps", "4", "--json", str(out)]) == 0
+    assert seen["args"] == (3, 5, 7)
+    assert {k: seen["kw"][k] for k in ("model", "batch", "cores_per_task", "steps")} == {
+        "model": "embedding16m",
+        "batch": 128,
+        "cores_per_task": 0.1,
+        "steps": 4,
+    }
+    assert json.loads(out.read_text()) == {"grid": []}
+    # the command offers exactly the benchmark's models
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    [model] = [a for a in bench._actions if a.dest == "model"]
+    assert sorted(model.choices) == sorted(shapes_bench.MODELS)

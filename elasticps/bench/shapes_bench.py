@@ -2,16 +2,18 @@
 
 A local multi-raylet Ray cluster (``ray.cluster_utils.Cluster``: ``nodes``
 nodes of ``node_cpus`` logical CPUs, each with the object store ``bench peers``
-gives its nodes: with Ray's default 150 MiB a step's gradients spill to disk). Every task asks 1 CPU and is held to
-``cores_per_task`` real cores (:mod:`elasticps.runtime.cpu_limit`, standing in
-for a container's CPU limit), so the largest shape's tasks together use less
-than this machine's cores and each shape's speed is its own, not a share of a
-contended machine. One job (``model``, one of :data:`MODELS`: by default the
+gives its nodes: with Ray's default 150 MiB a step's gradients spill to
+disk). Every task asks 1 CPU and is held to ``cores_per_task`` real cores
+(:mod:`elasticps.runtime.cpu_limit`, standing in for a container's CPU
+limit); the largest shape's tasks together must use less than this
+machine's cores (else :func:`run` refuses), so each shape's speed is its
+own, not a share of a contended machine. One job (``model``, one of :data:`MODELS`: by default the
 synthetic 10.0M-parameter MLP, 40 MB of float32 parameters, Adam, global
 batch 256; sync mode) is rescaled through every shape of the grid; each shape
 is placed by :func:`elasticps.placement.place` (``locality``) and timed over
 ``steps`` steps after a warm-up step. The grid is walked forward and then
-backward, so a slow drift of the machine's speed averages out; each shape's figure is the median of its passes.
+backward, so a slow drift of the machine's speed averages out; each shape's
+figure is the median of its passes.
 
 The result is the reference ``elasticps bench explore`` replays the scheduler's
 probe walk against.
@@ -40,7 +42,7 @@ _EPOCHS = 100_000
 #: Models whose speed surfaces differ: ``name: (what it is, builder of its
 #: program at a global batch)``. The MLP's best shape has a few more workers
 #: than PS; the transformer is compute-bound (workers split its step); the
-#: embedding model is PS-bound (Adam over a 16M-row-parameter table and every
+#: embedding model is PS-bound (Adam over a 1M-row, 16M-parameter table and every
 #: worker's dense table gradient summed on the shards).
 MODELS: dict[str, tuple[str, Callable[[int], TrainingProgram]]] = {
     "mlp10m": (
@@ -89,6 +91,14 @@ def run(
 ) -> dict[str, Any]:
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
+    cores = os.cpu_count() or 1
+    if max_tasks * cores_per_task >= cores:
+        raise ValueError(
+            f"the largest shape's {max_tasks} tasks at {cores_per_task} cores each would use "
+            f"{max_tasks * cores_per_task:g} of this machine's {cores} cores: every shape's speed would be a share "
+            "of a contended machine; "
+            "lower the cores per task or the grid's largest shape"
+        )
     import ray
     from ray.cluster_utils import Cluster
 
@@ -98,7 +108,10 @@ def run(
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 0, "include_dashboard": False, "object_store_memory": NODE_OBJECT_STORE_BYTES},
+    )
     job = None
     try:
         for _ in range(nodes):

@@ -104,7 +104,22 @@ def _demo_outputs(args: argparse.Namespace, results: dict, setup: dict[str, Any]
         print(f"plots: {plots}/")
 
 
+#: ``bench`` options that one benchmark alone takes: given to another, they are refused, not ignored.
+_ONLY_FOR = {
+    "model": "shapes",
+    "batch": "shapes",
+    "cores_per_task": "shapes",
+    "grid_limits": "shapes",
+    "systems": "peers",
+    "embedding_rows": "peers",
+}
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    for option, what in _ONLY_FOR.items():
+        if getattr(args, option) is not None and args.what != what:
+            flag = "--" + option.replace("_", "-")
+            raise SystemExit(f"error: bench {args.what} does not take {flag} (bench {what} does)")
     if args.what == "runtime":
         from elasticps.bench import runtime_bench
 
@@ -141,13 +156,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from elasticps.bench import shapes_bench
 
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-        grid = _int_list(args.grid_limits) if args.grid_limits else [4, 8, 10]
-        if len(grid) != 3:
-            raise SystemExit("--grid-limits: three numbers, MAX_PS,MAX_WORKERS,MAX_TASKS")
+        grid = _int_list(args.grid_limits) if args.grid_limits is not None else [4, 8, 10]
+        if len(grid) != 3 or min(grid) < 1 or grid[2] < 2:
+            raise SystemExit(
+                "error: --grid-limits: three numbers MAX_PS,MAX_WORKERS,MAX_TASKS, each at least 1 and "
+                f"MAX_TASKS at least 2 (one PS and one worker), got {args.grid_limits!r}"
+            )
         shape_args = {"batch": args.batch} if args.batch else {}
         if args.cores_per_task:
             shape_args["cores_per_task"] = args.cores_per_task
-        result = shapes_bench.run(*grid, steps=args.steps or 8, model=args.model, say=say, **shape_args)
+        try:
+            result = shapes_bench.run(*grid, steps=args.steps or 8, model=args.model or "mlp10m", say=say, **shape_args)
+        except ValueError as exc:
+            raise SystemExit(f"error: bench shapes: {exc}") from None
         write_json(args.json, result)
         return 0
     if args.what == "explore":
@@ -190,7 +211,7 @@ def _bench_peers(args: argparse.Namespace) -> int:
         changes["steps"] = args.steps
     if args.resize_systems is not None:
         changes["resize_systems"] = tuple(s.strip() for s in args.resize_systems.split(",") if s.strip())
-    if args.systems:
+    if args.systems is not None:
         changes["systems"] = tuple(s.strip() for s in args.systems.split(",") if s.strip())
     if args.embedding_rows:
         changes["embedding_rows"] = args.embedding_rows
@@ -305,8 +326,8 @@ def add_parsers(sub: Any) -> None:
         "--grid", default="docs/results/bench-shapes.json", help="explore: a measured grid from 'bench shapes'"
     )
     bench.add_argument(
-        "--model", default="mlp10m", choices=["mlp10m", "transformer2m", "embedding16m"],
-        help="shapes: the model whose speed grid to measure",
+        "--model", choices=["mlp10m", "transformer2m", "embedding16m"],
+        help="shapes: the model whose speed grid to measure (mlp10m)",
     )  # fmt: skip
     bench.add_argument("--batch", type=positive_int, help="shapes: the global batch (256)")
     bench.add_argument(

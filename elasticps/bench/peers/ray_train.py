@@ -18,6 +18,7 @@ reports a checkpoint every 16 steps.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import threading
 import time
@@ -62,7 +63,7 @@ def _train_loop(config: dict[str, Any]) -> None:
     torch.set_num_threads(config["threads"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    program = _Workload(config["workload"], small=config["small"]).program()
+    program = _Workload(**config["workload"]).program()
     stepper = DataParallelStep(program, program.build_dataset())
     model = ray.train.torch.prepare_model(program.build_model())
     opt = program.make_optimizer(list(model.parameters()))
@@ -114,8 +115,7 @@ def resize(
         trainer = TorchTrainer(
             _train_loop,
             train_loop_config={
-                "workload": workload.name,
-                "small": workload.small,
+                "workload": dataclasses.asdict(workload),
                 "threads": threads,
                 "dir": str(directory),
                 "checkpoint_every": 16,

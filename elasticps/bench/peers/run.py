@@ -353,7 +353,7 @@ def goals(out: dict[str, Any]) -> dict[str, bool | None]:
         return None if ours is None or lost is None else ours * 20 <= lost
 
     dense = out["throughput"].get("dense_mlp_10m", {})
-    ratios = [dense[w]["elasticps"] / dense[w]["ddp_gloo"] for w in ("2", "4") if w in dense]
+    ratios = [dense[w]["elasticps"] / dense[w]["ddp_gloo"] for w in ("2", "4") if "ddp_gloo" in dense.get(w, {})]
     emb = embedding_figures(out)
     per_w = [c for w, c in emb.items() if w != "table_mib"]
 

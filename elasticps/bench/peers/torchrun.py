@@ -13,6 +13,8 @@ late nodes at each rendezvous), which favours torchrun.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -75,6 +77,11 @@ def resize(
     return timeline
 
 
+def train_args(workload: Workload, directory: Path, threads: int) -> list[str]:
+    """The command line of :mod:`~elasticps.bench.peers.torchrun_train` for ``workload``."""
+    return [f"--workload={json.dumps(dataclasses.asdict(workload))}", f"--dir={directory}", f"--threads={threads}"]
+
+
 def _agent(workload: Workload, directory: Path, port: int, threads: int, host: bool) -> subprocess.Popen:
     cmd = [
         sys.executable,
@@ -90,10 +97,7 @@ def _agent(workload: Workload, directory: Path, port: int, threads: int, host: b
         "--monitor-interval=0.5",
         "-m",
         "elasticps.bench.peers.torchrun_train",
-        f"--workload={workload.name}",
-        f"--dir={directory}",
-        f"--threads={threads}",
-        *(["--small"] if workload.small else []),
+        *train_args(workload, directory, threads),
     ]
     # torch 2.13's shared rendezvous store does not give a node that joins later the
     # master address (it waits forever): every rendezvous builds its own, as before 2.4

@@ -11,6 +11,7 @@ writes a checkpoint every ``--checkpoint-every`` steps (atomically) and a line
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -22,18 +23,26 @@ from elasticps.bench.peers.resize import log_step
 from elasticps.bench.peers.workloads import DataParallelStep, Workload
 
 
+def _workload(text: str) -> Workload:
+    return Workload(**json.loads(text))
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line :func:`elasticps.bench.peers.torchrun.train_args` writes."""
+    out = argparse.ArgumentParser(description=__doc__)
+    out.add_argument("--workload", required=True, type=_workload, help="the Workload's fields, as JSON")
+    out.add_argument("--dir", required=True, help="checkpoint and step log directory")
+    out.add_argument("--threads", type=int, default=1)
+    out.add_argument("--checkpoint-every", type=int, default=16)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workload", required=True)
-    parser.add_argument("--small", action="store_true")
-    parser.add_argument("--dir", required=True, help="checkpoint and step log directory")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--checkpoint-every", type=int, default=16)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    program = Workload(args.workload, small=args.small).program()
+    program = args.workload.program()
     stepper = DataParallelStep(program, program.build_dataset())
     model = DistributedDataParallel(program.build_model())
     opt = program.make_optimizer(list(model.parameters()))

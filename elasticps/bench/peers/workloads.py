@@ -1,8 +1,9 @@
 """The workloads every system trains, by name, and the DDP step they share.
 
-A workload is rebuilt from its name in every process (spawned DDP ranks,
-torchrun workers, Ray actors), so that no system gets a different model,
-data set, batch or optimizer. ``small=True`` gives the same kinds of model at
+A workload is rebuilt from its name, size and table rows in every process
+(spawned DDP ranks and Ray actors receive the :class:`Workload`; torchrun's
+and Ray Train's workers its fields), so that no system gets a different
+model, data set, batch or optimizer. ``small=True`` gives the same kinds of model at
 a size a smoke test can train in seconds.
 """
 
