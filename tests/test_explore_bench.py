@@ -108,6 +108,20 @@ def test_bench_shapes_command_checks_its_options_before_starting_anything(capsys
         main(["bench", "shapes", "--embedding-rows", "3000000"])
     with pytest.raises(SystemExit, match="bench explore does not take --batch"):
         main(["bench", "explore", "--batch", "64"])
+    with pytest.raises(SystemExit, match=r"bench peers does not take --rounds \(bench scheduler, manager does\)"):
+        main(["bench", "peers", "--rounds", "5"])
+    with pytest.raises(SystemExit, match="bench scheduler does not take --faults"):
+        main(["bench", "scheduler", "--faults", "3"])
+
+
+def test_every_bench_option_names_the_benchmarks_it_is_for():
+    from elasticps.cli.experiments import _BENCH_OPTIONS
+    from elasticps.cli.main import build_parser
+
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    benchmarks = set(next(a for a in bench._actions if a.dest == "what").choices)
+    assert {a.dest for a in bench._actions} - {"help", "what", "json"} == set(_BENCH_OPTIONS)
+    assert all(set(whats) <= benchmarks for whats in _BENCH_OPTIONS.values())
 
 
 def test_bench_shapes_command_passes_its_options_to_the_benchmark(monkeypatch, tmp_path):

@@ -104,22 +104,29 @@ def _demo_outputs(args: argparse.Namespace, results: dict, setup: dict[str, Any]
         print(f"plots: {plots}/")
 
 
-#: ``bench`` options that one benchmark alone takes: given to another, they are refused, not ignored.
-_ONLY_FOR = {
-    "model": "shapes",
-    "batch": "shapes",
-    "cores_per_task": "shapes",
-    "grid_limits": "shapes",
-    "systems": "peers",
-    "embedding_rows": "peers",
+#: The benchmarks each ``bench`` option is for (``--json``: every one). Given to another, an option
+#: is refused, not ignored; "given" is a value other than its default.
+_BENCH_OPTIONS: dict[str, tuple[str, ...]] = {
+    "steps": ("placement", "shapes", "peers"),
+    "quick": ("runtime", "peers"),
+    **dict.fromkeys(
+        ("workloads", "workers", "repeats", "resize_systems", "systems", "embedding_rows", "plot"), ("peers",)
+    ),
+    **dict.fromkeys(("jobs", "nodes", "policy", "joint_trades", "scaling"), ("scheduler",)),
+    "rounds": ("scheduler", "manager"),
+    **dict.fromkeys(("ended", "active"), ("manager",)),
+    **dict.fromkeys(("faults", "seed", "nodes_ray", "kinds"), ("chaos",)),
+    **dict.fromkeys(("grid", "probes"), ("explore",)),
+    **dict.fromkeys(("model", "batch", "cores_per_task", "grid_limits"), ("shapes",)),
+    **dict.fromkeys(("batches", "seeds", "target", "lr"), ("batches",)),
 }
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    for option, what in _ONLY_FOR.items():
-        if getattr(args, option) is not None and args.what != what:
+    for option, benchmarks in _BENCH_OPTIONS.items():
+        if args.what not in benchmarks and getattr(args, option) != args.bench_defaults[option]:
             flag = "--" + option.replace("_", "-")
-            raise SystemExit(f"error: bench {args.what} does not take {flag} (bench {what} does)")
+            raise SystemExit(f"error: bench {args.what} does not take {flag} (bench {', '.join(benchmarks)} does)")
     if args.what == "runtime":
         from elasticps.bench import runtime_bench
 
@@ -344,4 +351,4 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument(
         "--json", nargs="?", const="", default="", help="also write the JSON to this path (it is always printed)"
     )
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=cmd_bench, bench_defaults={a.dest: a.default for a in bench._actions})
