@@ -145,3 +145,14 @@ def test_bench_shapes_command_passes_its_options_to_the_benchmark(monkeypatch, t
     bench = build_parser()._subparsers._group_actions[0].choices["bench"]
     [model] = [a for a in bench._actions if a.dest == "model"]
     assert sorted(model.choices) == sorted(shapes_bench.MODELS)
+
+
+def test_explore_draws_the_grid_with_its_best_and_the_walks_choices(tmp_path, capsys):
+    from elasticps.cli import main
+
+    grid = _grid_file(tmp_path, MODEL_KINDS[0])
+    png = tmp_path / "img" / "grid.png"
+    out = tmp_path / "explore.json"
+    assert main(["bench", "explore", "--grid", str(grid), "--heatmap", str(png), "--json", str(out)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert f"heatmap: {png}" in capsys.readouterr().err

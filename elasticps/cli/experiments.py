@@ -116,7 +116,7 @@ _BENCH_OPTIONS: dict[str, tuple[str, ...]] = {
     "rounds": ("scheduler", "manager"),
     **dict.fromkeys(("ended", "active"), ("manager",)),
     **dict.fromkeys(("faults", "seed", "nodes_ray", "kinds"), ("chaos",)),
-    **dict.fromkeys(("grid", "probes"), ("explore",)),
+    **dict.fromkeys(("grid", "probes", "heatmap"), ("explore",)),
     **dict.fromkeys(("model", "batch", "cores_per_task", "grid_limits"), ("shapes",)),
     **dict.fromkeys(("batches", "seeds", "target", "lr"), ("batches",)),
 }
@@ -181,7 +181,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "explore":
         from elasticps.bench import explore_bench
 
-        write_json(args.json, explore_bench.run(args.grid, probes=_int_list(args.probes)))
+        result = explore_bench.run(args.grid, probes=_int_list(args.probes))
+        if args.heatmap:
+            from elasticps.bench.grid_plot import heatmap
+
+            runs, _, _ = explore_bench.load_grid(args.grid)
+            print(f"heatmap: {heatmap(result, runs, Path(args.heatmap))}", file=sys.stderr)
+        write_json(args.json, result)
         return 0
     if args.what == "batches":
         from elasticps.bench import batches_bench
@@ -342,6 +348,9 @@ def add_parsers(sub: Any) -> None:
     )
     bench.add_argument(
         "--grid-limits", metavar="MAX_PS,MAX_WORKERS,MAX_TASKS", help="shapes: the grid's limits (4,8,10)"
+    )
+    bench.add_argument(
+        "--heatmap", metavar="PNG", help="explore: also draw the grid, its best and the walks' choices here"
     )
     bench.add_argument("--probes", default="3,5,8", help="explore: report the choice after this many probes")
     bench.add_argument("--batches", default="128,256,512", help="batches: the global batches to train at")
