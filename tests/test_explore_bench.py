@@ -112,13 +112,18 @@ def test_bench_shapes_command_checks_its_options_before_starting_anything(capsys
         main(["bench", "peers", "--rounds", "5"])
     with pytest.raises(SystemExit, match="bench scheduler does not take --faults"):
         main(["bench", "scheduler", "--faults", "3"])
+    # given with its default value, it is refused all the same
+    with pytest.raises(SystemExit, match="bench peers does not take --seed"):
+        main(["bench", "peers", "--seed", "0"])
+    with pytest.raises(SystemExit, match="--heatmap: the PNG file"):
+        main(["bench", "explore", "--heatmap", ""])
 
 
 def test_every_bench_option_names_the_benchmarks_it_is_for():
-    from elasticps.cli.experiments import _BENCH_OPTIONS
+    from elasticps.cli.experiments import _BENCH_OPTIONS, bench_parser
     from elasticps.cli.main import build_parser
 
-    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    bench = bench_parser(build_parser())
     benchmarks = set(next(a for a in bench._actions if a.dest == "what").choices)
     assert {a.dest for a in bench._actions} - {"help", "what", "json"} == set(_BENCH_OPTIONS)
     assert all(set(whats) <= benchmarks for whats in _BENCH_OPTIONS.values())
@@ -126,6 +131,7 @@ def test_every_bench_option_names_the_benchmarks_it_is_for():
 
 def test_bench_shapes_command_passes_its_options_to_the_benchmark(monkeypatch, tmp_path):
     from elasticps.cli import main
+    from elasticps.cli.experiments import bench_parser
     from elasticps.cli.main import build_parser
 
     seen = {}
@@ -142,7 +148,7 @@ def test_bench_shapes_command_passes_its_options_to_the_benchmark(monkeypatch, t
     }
     assert json.loads(out.read_text()) == {"grid": []}
     # the command offers exactly the benchmark's models
-    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    bench = bench_parser(build_parser())
     [model] = [a for a in bench._actions if a.dest == "model"]
     assert sorted(model.choices) == sorted(shapes_bench.MODELS)
 

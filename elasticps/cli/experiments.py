@@ -105,7 +105,7 @@ def _demo_outputs(args: argparse.Namespace, results: dict, setup: dict[str, Any]
 
 
 #: The benchmarks each ``bench`` option is for (``--json``: every one). Given to another, an option
-#: is refused, not ignored; "given" is a value other than its default.
+#: is refused, not ignored, even with its default value.
 _BENCH_OPTIONS: dict[str, tuple[str, ...]] = {
     "steps": ("placement", "shapes", "peers"),
     "quick": ("runtime", "peers"),
@@ -122,9 +122,28 @@ _BENCH_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+def bench_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The ``bench`` command's parser within the whole command line's ``parser``."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices["bench"]
+
+
+def given_bench_options(argv: list[str]) -> set[str]:
+    """The ``bench`` options ``argv`` gives, whatever their values (one that
+    repeats its default is given too): the command line parsed again with no
+    defaults, so only what it names is set."""
+    from elasticps.cli.main import build_parser
+
+    parser = build_parser()
+    for action in bench_parser(parser)._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv))) & set(_BENCH_OPTIONS)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    given = given_bench_options(args.argv)
     for option, benchmarks in _BENCH_OPTIONS.items():
-        if args.what not in benchmarks and getattr(args, option) != args.bench_defaults[option]:
+        if option in given and args.what not in benchmarks:
             flag = "--" + option.replace("_", "-")
             raise SystemExit(f"error: bench {args.what} does not take {flag} (bench {', '.join(benchmarks)} does)")
     if args.what == "runtime":
@@ -182,7 +201,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from elasticps.bench import explore_bench
 
         result = explore_bench.run(args.grid, probes=_int_list(args.probes))
-        if args.heatmap:
+        if args.heatmap is not None:
+            if not args.heatmap:
+                raise SystemExit("error: --heatmap: the PNG file to draw into")
             from elasticps.bench.grid_plot import heatmap
 
             runs, _, _ = explore_bench.load_grid(args.grid)
@@ -360,4 +381,4 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument(
         "--json", nargs="?", const="", default="", help="also write the JSON to this path (it is always printed)"
     )
-    bench.set_defaults(func=cmd_bench, bench_defaults={a.dest: a.default for a in bench._actions})
+    bench.set_defaults(func=cmd_bench)
