@@ -39,13 +39,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"error: --cores-per-cpu must be above 0, got {args.cores_per_cpu:g}", file=sys.stderr)
             return 2
         setup = replace(setup, cores_per_cpu=args.cores_per_cpu)
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    policies = _names(args.policies)
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         choices = ", ".join(POLICIES)
         print(f"error: --policies: unknown {unknown or 'none given'}; choose from {choices}", file=sys.stderr)
         return 2
-    objectives = tuple(o.strip() for o in (args.objectives or "").split(",") if o.strip())
+    objectives = _names(args.objectives or "")
     if any(o not in ("goodput", "speed", "efficiency") for o in objectives):
         print(f"error: --objectives takes goodput, speed, efficiency; got {args.objectives}", file=sys.stderr)
         return 2
@@ -173,7 +173,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.what == "chaos":
         from elasticps.bench import chaos_bench
 
-        kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip()) if args.kinds else chaos_bench.FAULTS
+        kinds = _names(args.kinds) if args.kinds else chaos_bench.FAULTS
         config = chaos_bench.ChaosConfig(faults=args.faults, seed=args.seed, nodes=args.nodes_ray, kinds=kinds)
         result = chaos_bench.run(config, say=lambda line: print(line, file=sys.stderr, flush=True))
         write_json(args.json, result)
@@ -236,7 +236,7 @@ def _bench_peers(args: argparse.Namespace) -> int:
     config = peers.QUICK if args.quick else peers.PeersConfig()
     changes: dict[str, Any] = {}
     if args.workloads:
-        changes["workloads"] = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+        changes["workloads"] = _names(args.workloads)
     if args.workers:
         changes["workers"] = tuple(_int_list(args.workers))
     if args.repeats:
@@ -244,9 +244,9 @@ def _bench_peers(args: argparse.Namespace) -> int:
     if args.steps:
         changes["steps"] = args.steps
     if args.resize_systems is not None:
-        changes["resize_systems"] = tuple(s.strip() for s in args.resize_systems.split(",") if s.strip())
+        changes["resize_systems"] = _names(args.resize_systems)
     if args.systems is not None:
-        changes["systems"] = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+        changes["systems"] = _names(args.systems)
     if args.embedding_rows:
         changes["embedding_rows"] = args.embedding_rows
     try:
@@ -258,6 +258,11 @@ def _bench_peers(args: argparse.Namespace) -> int:
     print(f"plot: {report.plot(result, Path(args.plot))}", file=sys.stderr)
     write_json(args.json, result)
     return 0 if result["trained"] else 1
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list's items, stripped, empty ones dropped."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
 def _int_list(text: str) -> list[int]:
