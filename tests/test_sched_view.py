@@ -40,9 +40,25 @@ def test_one_shape_seen_probes_and_a_confident_model_frees_the_range():
     assert plan.explore is not None and plan.explore != (1, 2) and plan.explore == plan.probes[0]
     assert plan.limits.max_ps == max(1, *(s[0] for s in plan.probes))
     assert plan.limits.max_workers == max(2, *(s[1] for s in plan.probes))
-    confident = _model(*[(p, w) for p in range(1, 5) for w in range(1, 9)])
+    confident = _model(*[(p, w) for p in range(1, 5) for w in range(1, 9)] * 2)  # its best seen twice
     plan = plan_view(confident, LIMITS, (2, 4))
     assert plan.limits == LIMITS and plan.explore is None and plan.speed(2, 4) > 0
+
+
+def test_the_best_mean_seen_of_one_pass_is_measured_again_before_it_is_trusted():
+    everything = [(p, w) for p in range(1, 5) for w in range(1, 9)]
+    obs = [Observation(p, w, _speed(p, w)) for p, w in everything for _ in range(2)]
+    lucky = Observation(1, 2, 1.5 * max(o.samples_per_s for o in obs))  # one pass, faster than all
+    best = max(everything, key=lambda s: _speed(*s))
+    once = SpeedModel(64).fit([*(o for o in obs if (o.num_ps, o.num_workers) != (1, 2)), lucky])
+    plan = plan_view(once, LIMITS, best)
+    assert plan.probes == ((1, 2),) and plan.explore == (1, 2) and plan.measured == tuple(sorted(everything))
+    assert plan.limits.max_workers == 8 and plan.speed(1, 2) == lucky.samples_per_s
+    # where the job already is, it is measured there anyway: no probe
+    assert plan_view(once, LIMITS, (1, 2)).probes == ()
+    # seen more than once, its mean stands (and is trusted)
+    plan = plan_view(SpeedModel(64).fit([*obs, lucky]), LIMITS, best)
+    assert plan.probes == () and plan.limits == LIMITS
 
 
 def test_a_confident_fleet_prior_lets_a_new_job_go_straight_to_its_best_shape():

@@ -71,6 +71,7 @@ class _Replay:
         current: Shape | None,
         probes: tuple[Shape, ...] = (),
         sd: SpeedFn | None = None,
+        measured: tuple[Shape, ...] = (),
     ) -> JobView:
         return JobView(
             id=JOB,
@@ -83,11 +84,12 @@ class _Replay:
             current=current,
             probes=probes,
             speed_sd=sd,
+            measured=measured,
         )
 
-    def choice(self, speed: SpeedFn, sd: SpeedFn | None = None) -> Shape:
+    def choice(self, speed: SpeedFn, sd: SpeedFn | None = None, measured: tuple[Shape, ...] = ()) -> Shape:
         """What the policy gives a new job judged by ``speed`` on the empty cluster."""
-        decision, _ = self.policy.decide([self.view(speed, self.limits, None, sd=sd)], self.cluster)
+        decision, _ = self.policy.decide([self.view(speed, self.limits, None, sd=sd, measured=measured)], self.cluster)
         return decision[JOB]
 
     def walk(self, start: Shape, rounds: int, probes: list[int]) -> dict[str, Any]:
@@ -101,7 +103,7 @@ class _Replay:
         for _ in range(rounds):
             plan = plan_view(model, self.limits, current, start)
             decision, state = self.policy.decide(
-                [self.view(plan.speed, plan.limits, current, plan.probes, plan.sd)], self.cluster, state
+                [self.view(plan.speed, plan.limits, current, plan.probes, plan.sd, plan.measured)], self.cluster, state
             )
             current = decision[JOB]
             path.append(current)
@@ -114,8 +116,8 @@ class _Replay:
             model.fit(observations)
             seen = len(visits)
             if seen in probes and seen not in after:
-                after[seen] = self.choice(model.predict, model.estimate_sd)
-        final = self.choice(model.predict, model.estimate_sd)
+                after[seen] = self.choice(model.predict, model.estimate_sd, tuple(visits))
+        final = self.choice(model.predict, model.estimate_sd, tuple(visits))
         for k in probes:  # the walk stopped probing before k shapes: its choice stands
             after.setdefault(k, final)
         best = max(self.median.values())
@@ -138,7 +140,7 @@ def run(
     replay = _Replay(runs, nodes, batch or int(workload.get("global_batch", 256)))
     best_shape = max(replay.median, key=replay.median.__getitem__)
     walks = [replay.walk(start, rounds, probes) for start in STARTS if start in runs]
-    knowing = replay.choice(lambda p, w: replay.median.get((p, w), 0.0))
+    knowing = replay.choice(lambda p, w: replay.median.get((p, w), 0.0), measured=tuple(sorted(runs)))
     best = replay.median[best_shape]
     return {
         "grid": str(grid_path),

@@ -51,6 +51,7 @@ OPTIMISM = 1.5  # probes are ranked by predicted speed x (1 + OPTIMISM x relativ
 MAX_RELATIVE_STD = 1.0  # extrapolation far from the data counts no more optimistic than this
 WEIGHT_CAP = 10  # repeated observations of one shape weigh as at most this many
 MIN_GAIN = 0.02  # a probe must be able to beat the best speed seen by this much
+CONFIRM = 2  # a best mean seen of fewer runs than this is probed again before it is trusted
 
 #: How many nodes a shape's tasks span once placed, for predictions.
 SpanFn = Callable[[int, int], int]
@@ -112,6 +113,7 @@ class SpeedModel(PooledCurve):
         self.replicate_noise: float | None = None
         self._seen: dict[tuple[int, int, int], float] = {}  # mean samples/s of each (p, w, nodes) observed
         self._seen_n: dict[tuple[int, int, int], int] = {}  # how many observations each mean is of
+        self._runs: dict[tuple[int, int, int], int] = {}  # observations of each (p, w, nodes), at any batch
         self._probes: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self._best_pooled: float | None = None
         self._pooled: dict[tuple[int, int], tuple[float, float]] = {}  # (speed, relative std) of pooled()
@@ -171,7 +173,7 @@ class SpeedModel(PooledCurve):
         self._probes, self._best_pooled, self._pooled = {}, None, {}
         if not obs:
             self.theta, self.cov, self.shapes, self.best_seen, self._seen = None, None, set(), 0.0, {}
-            self._seen_n, self.replicate_noise = {}, None
+            self._seen_n, self._runs, self.replicate_noise = {}, {}, None
             return self
         rows = [self._key(o) for o in obs]
         steps = [key[3] / o.samples_per_s for key, o in zip(rows, obs, strict=True)]
@@ -191,6 +193,9 @@ class SpeedModel(PooledCurve):
         cap = self.weight_cap or max(len(g) for g in groups.values())
         n = np.asarray([min(len(groups[k]), cap) for k in keys], dtype=float)
         self.shapes = {k[:2] for k in keys}
+        self._runs = {}
+        for key in rows:
+            self._runs[key[:3]] = self._runs.get(key[:3], 0) + 1
         self._seen, self._seen_n = {}, {}
         for where, times in at_batch.items():
             latest = times[-cap:]
@@ -308,6 +313,22 @@ class SpeedModel(PooledCurve):
         bar = self.best_seen * (1.0 + MIN_GAIN)
         self._probes[key] = [cands[i] for i in order if optimistic[i] > bar]
         return self._probes[key][:count]
+
+    def unconfirmed_best(self, min_ps: int, max_ps: int, min_workers: int, max_workers: int) -> tuple[int, int] | None:
+        """The shape within the limits whose mean is the best speed seen, if it
+        was run fewer than :data:`CONFIRM` times (at any batch): one pass, and
+        two passes of one shape can differ by 1.5x."""
+        seen = [
+            (v, (p, w))
+            for p, w, v, _ in self.seen_at_span()
+            if min_ps <= p <= max_ps and min_workers <= w <= max_workers
+        ]
+        if not seen:
+            return None
+        v, (p, w) = max(seen)
+        if v < self.best_seen:  # the best is of shapes run at another batch, by the form: no pass to doubt
+            return None
+        return (p, w) if self._runs.get((p, w, self._nodes(p, w)), 0) < CONFIRM else None
 
     def observed(self, p: int, w: int) -> float | None:
         """The mean of the latest observations of (p, w) on the nodes it would span, if any."""

@@ -118,6 +118,10 @@ class JobView:
     waited_s: float = 0.0
     explore: tuple[int, int] | None = field(default=None, compare=False)
     probes: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    #: shapes the job has run (where its speed is measured, not the form's):
+    #: growth may leap straight to one of them past a dip that steps of one
+    #: kind of task at a time do not cross (:func:`~elasticps.sched.policies.base.grow`)
+    measured: tuple[tuple[int, int], ...] = field(default=(), compare=False)
     batch_sizes: tuple[int, ...] = ()
     batch: int | None = None  # the global batch it trains at now (adaptive jobs)
     noise_scale: float | None = None

@@ -17,6 +17,11 @@ speed: one rule for the live manager and the simulator.
 - Some shapes seen, no confident model: up to the current shape or the probes
   (best first; the policy takes the first that fits in the room left).
 
+A job's own best mean seen, if of one run and better than where the job is,
+is its first probe (measured again): a single lucky pass would otherwise
+decide its shape for good. Every plan names the shapes the job has run
+(``ViewPlan.measured``), where its speeds are data: growth may leap to them.
+
 Wherever a model judges, a shape far from every one measured (by the job,
 or under a fleet prior by its kind too) counts no faster than the fastest
 measured (:mod:`.reach`): it is reached by probes, not chosen on the form's word.
@@ -68,6 +73,7 @@ class ViewPlan:
     probes: tuple[tuple[int, int], ...] = ()
     speed_at: BatchSpeedFn | None = None
     sd: SpeedFn | None = None  # the relative std of speed(p, w) as an estimate
+    measured: tuple[tuple[int, int], ...] = ()  # shapes the job ran, where its speed is measured
 
     @property
     def explore(self) -> tuple[int, int] | None:
@@ -86,6 +92,7 @@ class ViewPlan:
             "probes": self.probes,
             "speed_at": self.speed_at,
             "speed_sd": self.sd,
+            "measured": self.measured,
         }
 
 
@@ -133,6 +140,19 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
     return speed, sd
 
 
+def _doubted(
+    model: SpeedModel, limits: ShapeLimits, current: tuple[int, int] | None, own: SpeedFn
+) -> tuple[tuple[int, int], ...]:
+    """The shape to measure again first: the best mean seen, of one run
+    (:meth:`SpeedModel.unconfirmed_best`), where it would beat the job's
+    current shape (else the job is better off where it is, whatever that pass
+    was worth). One lucky pass otherwise decides a job's shape for good."""
+    if current is None:
+        return ()
+    best = model.unconfirmed_best(*limits.astuple())
+    return (best,) if best is not None and best != current and own(*best) > own(*current) else ()
+
+
 def plan_view(
     model: SpeedModel,
     limits: ShapeLimits,
@@ -144,7 +164,8 @@ def plan_view(
     one job (see the module's docstring); ``prior`` counts only if identified."""
     plan = _plan(model, limits, current, start, prior)
     scaler = model if model.theta is not None or prior is None else prior
-    return ViewPlan(plan.speed, plan.limits, plan.probes, _at_batch(plan.speed, scaler), plan.sd)
+    measured = tuple(sorted((p, w) for p, w, _, _ in model.seen_at_span()))
+    return ViewPlan(plan.speed, plan.limits, plan.probes, _at_batch(plan.speed, scaler), plan.sd, measured)
 
 
 def _at_batch(speed: SpeedFn, scaler: SpeedModel) -> BatchSpeedFn:
@@ -162,7 +183,8 @@ def _plan(
     prior: SpeedModel | None,
 ) -> ViewPlan:
     own = capped(model.predict, near(frozenset(model.shapes)), model.best_seen)  # no far corner on the form's word
-    if model.confident(*limits.astuple()):
+    doubt = _doubted(model, limits, current, own)
+    if model.confident(*limits.astuple()) and not doubt:
         return ViewPlan(own, limits, sd=model.estimate_sd)
     if prior is not None and prior.identified:
         speed, sd = _own_else(model, prior)
@@ -170,7 +192,7 @@ def _plan(
     if not model.shapes:
         p, w = limits.clip(start) if start is not None else (limits.min_ps, limits.min_workers)
         return ViewPlan(model.predict, ShapeLimits(p, p, w, w))
-    probes = tuple(model.probes(*limits.astuple(), count=PROBES)) if current is not None else ()
+    probes = (*doubt, *model.probes(*limits.astuple(), count=PROBES)) if current is not None else ()
     if not probes:
         return ViewPlan(own, limits, sd=model.estimate_sd)
     assert current is not None

@@ -73,6 +73,7 @@ def grow(
     caps: dict[str, tuple[int, int]] | None = None,
     pairs: bool = False,
     jumps: tuple[int, ...] = (1,),
+    leaps: bool = False,
 ) -> tuple[Decision, Resources]:
     """Repeatedly give one more PS or worker to the admitted job whose next task
     scores highest (``score(job, old, new)``, None or <= 0: not worth it), while
@@ -82,7 +83,10 @@ def grow(
     take at once (``(1, 2, 4)``: also 2 or 4 more of a kind), tried in turn
     while no shorter one is worth it, so that growth crosses a dip (a shape
     that spans one more node is slower, one a few tasks bigger faster); the
-    score is per share of what the whole jump adds."""
+    score is per share of what the whole jump adds. With ``leaps``, where no
+    jump pays, a job may leap to a larger shape it has run
+    (``JobView.measured``), scored the same way: its measured best can lie
+    past a dip no jump of one kind crosses (1x3 to 4x4)."""
     by_id = {j.id: j for j in jobs}
     heap: list[tuple[float, str, tuple[int, int]]] = []
 
@@ -108,6 +112,16 @@ def grow(
                     best = (s, new)
             if best is not None:
                 break
+        if best is None and leaps:
+            # no step pays: a leap to a larger shape the job has run, scored per share like a jump
+            for new in job.measured:
+                if new == (p, w) or new[0] < p or new[1] < w or new[0] > top_p or new[1] > top_w:
+                    continue
+                if not _delta(job, (p, w), new).fits_in(left):
+                    continue
+                s = score(job, (p, w), new)
+                if s is not None and s > 0 and (best is None or s > best[0]):
+                    best = (s, new)
         if best is not None:
             heapq.heappush(heap, (-best[0], job.id, best[1]))
 
