@@ -235,13 +235,14 @@ def _bench_peers(args: argparse.Namespace) -> int:
 
     config = peers.QUICK if args.quick else peers.PeersConfig()
     changes: dict[str, Any] = {}
-    if args.workloads:
+    # given is given, empty or not: '--workloads ""' runs no throughput, '--steps 0' is refused
+    if args.workloads is not None:
         changes["workloads"] = _names(args.workloads)
-    if args.workers:
+    if args.workers is not None:
         changes["workers"] = tuple(_int_list(args.workers))
-    if args.repeats:
+    if args.repeats is not None:
         changes["repeats"] = changes["resize_repeats"] = args.repeats
-    if args.steps:
+    if args.steps is not None:
         changes["steps"] = args.steps
     if args.resize_systems is not None:
         changes["resize_systems"] = _names(args.resize_systems)
@@ -328,14 +329,14 @@ def add_parsers(sub: Any) -> None:
     )
     bench.add_argument(
         "--steps",
-        type=int,
+        type=positive_int,
         default=None,
         help="placement: steps per job (20); shapes: steps timed per shape (8); peers: steps timed per run (20)",
     )
     bench.add_argument("--quick", action="store_true", help="runtime, peers: a short run (fewer repetitions)")
-    bench.add_argument("--workloads", help="peers: comma-separated (dense_mlp_10m,transformer,embedding)")
+    bench.add_argument("--workloads", help="peers: comma-separated (dense_mlp_10m,transformer,embedding; '' for none)")
     bench.add_argument("--workers", help="peers: comma-separated worker counts (1,2,4)")
-    bench.add_argument("--repeats", type=int, default=None, help="peers: repeats of every measurement (3)")
+    bench.add_argument("--repeats", type=positive_int, default=None, help="peers: repeats of every measurement (3)")
     bench.add_argument(
         "--resize-systems", help="peers: comma-separated (elasticps,elasticps_standby,ray_train,torchrun; '' for none)"
     )

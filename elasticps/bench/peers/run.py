@@ -69,6 +69,8 @@ class PeersConfig:
             raise ValueError("systems must include elasticps: every figure is elasticps beside its peers")
         if self.embedding_rows < 1:
             raise ValueError(f"embedding_rows must be >= 1, got {self.embedding_rows}")
+        if not self.workloads and not self.resize_systems:
+            raise ValueError("nothing to measure: no workloads and no resize systems")
         for name in (*self.workloads, self.resize_workload):
             if name not in NAMES:
                 raise ValueError(f"unknown workload {name!r}; choose from {', '.join(NAMES)}")
