@@ -81,7 +81,7 @@ def run(
     max_ps: int = 4,
     max_workers: int = 8,
     max_tasks: int = 10,
-    steps: int = 6,
+    steps: int = 8,
     nodes: int = 3,
     node_cpus: int = 4,
     cores_per_task: float = 0.15,

@@ -182,17 +182,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from elasticps.bench import shapes_bench
 
         say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-        grid = _int_list(args.grid_limits) if args.grid_limits is not None else [4, 8, 10]
-        if len(grid) != 3 or min(grid) < 1 or grid[2] < 2:
-            raise SystemExit(
-                "error: --grid-limits: three numbers MAX_PS,MAX_WORKERS,MAX_TASKS, each at least 1 and "
-                f"MAX_TASKS at least 2 (one PS and one worker), got {args.grid_limits!r}"
-            )
-        shape_args = {"batch": args.batch} if args.batch else {}
-        if args.cores_per_task:
-            shape_args["cores_per_task"] = args.cores_per_task
+        shape_args: dict[str, Any] = {}  # what was given: shapes_bench.run's defaults for the rest
+        if args.grid_limits is not None:
+            grid = _int_list(args.grid_limits)
+            if len(grid) != 3 or min(grid) < 1 or grid[2] < 2:
+                raise SystemExit(
+                    "error: --grid-limits: three numbers MAX_PS,MAX_WORKERS,MAX_TASKS, each at least 1 and "
+                    f"MAX_TASKS at least 2 (one PS and one worker), got {args.grid_limits!r}"
+                )
+            shape_args.update(zip(("max_ps", "max_workers", "max_tasks"), grid, strict=True))
+        for name in ("batch", "cores_per_task", "steps", "model"):
+            if getattr(args, name) is not None:
+                shape_args[name] = getattr(args, name)
         try:
-            result = shapes_bench.run(*grid, steps=args.steps or 8, model=args.model or "mlp10m", say=say, **shape_args)
+            result = shapes_bench.run(say=say, **shape_args)
         except ValueError as exc:
             raise SystemExit(f"error: bench shapes: {exc}") from None
         write_json(args.json, result)
