@@ -531,3 +531,13 @@ def test_a_running_job_does_not_move_for_a_gain_inside_the_noise_of_its_speeds()
     assert make_policy("elastic", move_z=0.0).decide([job(0.14)], idle)[0]["a"] == (1, 3)
     # a speed whose spread is unknown (not finite) does not block the move: no noise to measure it against
     assert make_policy("elastic").decide([job(math.inf)], idle)[0]["a"] == (1, 3)
+
+
+def test_the_benchmarks_running_jobs_have_run_a_few_shapes_growth_may_leap_to():
+    from elasticps.sched.synthetic import synthetic_jobs
+
+    jobs = synthetic_jobs(200, seed=3)
+    running = [j for j in jobs if j.current is not None]
+    assert running and all(not j.measured for j in jobs if j.current is None)
+    assert all(j.current in j.measured and all(j.allows(*s) for s in j.measured) for j in running)
+    assert max(len(j.measured) for j in running) > 1

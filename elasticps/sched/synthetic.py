@@ -77,22 +77,36 @@ def synthetic_jobs(n: int, seed: int = 0, running_fraction: float = 0.5) -> list
         current = None
         if rng.random() < running_fraction:
             current = (rng.randint(1, 4), rng.randint(1, 8))
+        max_ps, max_workers = rng.choice([4, 8, 16]), rng.choice([8, 16, 32])
         jobs.append(
             JobView(
                 id=f"job-{i:05d}",
                 speed=lambda p, w, k=kind: optimus_samples_per_s(k, p, w),
                 min_ps=1,
-                max_ps=rng.choice([4, 8, 16]),
+                max_ps=max_ps,
                 min_workers=1,
-                max_workers=rng.choice([8, 16, 32]),
+                max_workers=max_workers,
                 ps_resources=Resources(cpu=2.0, memory_gb=4.0),
                 worker_resources=Resources(cpu=rng.choice([2.0, 4.0]), memory_gb=8.0),
                 remaining_samples=rng.uniform(1e5, 1e8),
                 current=current,
                 arrival=float(i),
+                measured=_measured(random.Random(f"{seed}:measured:{i}"), current, max_ps, max_workers),
             )
         )
     return jobs
+
+
+def _measured(
+    rng: random.Random, current: tuple[int, int] | None, max_ps: int, max_workers: int
+) -> tuple[tuple[int, int], ...]:
+    """The shapes a running job has run (where growth may leap): its current one
+    and up to four more, as a job's probes leave them (its own stream of draws,
+    so the rest of the workload is the same with or without them)."""
+    if current is None:
+        return ()
+    more = {(rng.randint(1, max_ps), rng.randint(1, max_workers)) for _ in range(4)}
+    return tuple(sorted({current} | more))
 
 
 def synthetic_cluster(n: int, cpu: float = 32.0, memory_gb: float = 256.0, seed: int = 0) -> ClusterView:
