@@ -374,6 +374,13 @@ def test_growth_leaps_to_a_larger_measured_shape_past_a_dip_no_step_crosses():
     guessed = dataclasses.replace(alone, measured=((1, 1), (1, 2), (1, 3)))
     assert make_policy("elastic").decide([guessed], idle)[0]["a"] == (1, 3)
     assert make_policy("elastic").decide([measured], make_cluster(n=1, cpu=6))[0]["a"] == (1, 3)
+    # nor one past the job's limits, nor one smaller in either kind (a leap only grows)
+    capped = dataclasses.replace(measured, max_ps=3)
+    assert make_policy("elastic").decide([capped], idle)[0]["a"] == (1, 3)
+    sideways = dataclasses.replace(
+        alone, measured=((1, 3), (4, 2)), speed=lambda p, w: 999.0 if (p, w) == (4, 2) else dip(p, w)
+    )
+    assert make_policy("elastic").decide([sideways], idle)[0]["a"] != (4, 2)
 
 
 def test_efficiency_objective_stops_growing_at_poor_scaling():
@@ -533,10 +540,19 @@ def test_a_running_job_does_not_move_for_a_gain_inside_the_noise_of_its_speeds()
     assert make_policy("elastic").decide([job(math.inf)], idle)[0]["a"] == (1, 3)
 
 
-def test_the_benchmarks_running_jobs_have_run_a_few_shapes_growth_may_leap_to():
+def test_the_benchmarks_running_jobs_have_run_a_few_shapes_growth_may_leap_to(monkeypatch):
+    import dataclasses
+
+    from elasticps.sched import synthetic
     from elasticps.sched.synthetic import synthetic_jobs
 
     jobs = synthetic_jobs(200, seed=3)
+    # the shapes are drawn from a stream of their own: without them the round is the same, field for field
+    monkeypatch.setattr(synthetic, "_measured", lambda *_: ())
+    plain = synthetic_jobs(200, seed=3)
+    assert [dataclasses.replace(j, measured=(), speed=None) for j in jobs] == [
+        dataclasses.replace(j, speed=None) for j in plain
+    ]
     running = [j for j in jobs if j.current is not None]
     assert running and all(not j.measured for j in jobs if j.current is None)
     assert all(j.current in j.measured and all(j.allows(*s) for s in j.measured) for j in running)

@@ -53,12 +53,21 @@ def test_the_best_mean_seen_of_one_pass_is_measured_again_before_it_is_trusted()
     once = SpeedModel(64).fit([*(o for o in obs if (o.num_ps, o.num_workers) != (1, 2)), lucky])
     plan = plan_view(once, LIMITS, best)
     assert plan.probes == ((1, 2),) and plan.explore == (1, 2) and plan.measured == tuple(sorted(everything))
-    assert plan.limits.max_workers == 8 and plan.speed(1, 2) == lucky.samples_per_s
+    assert plan.limits == LIMITS and plan.speed(1, 2) == lucky.samples_per_s
+    # the same with a fleet prior: the job's own confident model still judges, and still looks again
+    prior = _model(*everything)
+    assert prior.identified
+    with_prior = plan_view(once, LIMITS, best, prior=prior)
+    assert with_prior.probes == ((1, 2),) and with_prior.speed(1, 2) == lucky.samples_per_s
     # where the job already is, it is measured there anyway: no probe
     assert plan_view(once, LIMITS, (1, 2)).probes == ()
     # seen more than once, its mean stands (and is trusted)
     plan = plan_view(SpeedModel(64).fit([*obs, lucky]), LIMITS, best)
     assert plan.probes == () and plan.limits == LIMITS
+    # one more look settles it, wherever it ran: on other nodes, or at another batch
+    for again in (Observation(1, 2, _speed(1, 2), nodes=2), Observation(1, 2, _speed(1, 2), batch=128)):
+        looked = SpeedModel(64).fit([*(o for o in obs if (o.num_ps, o.num_workers) != (1, 2)), lucky, again])
+        assert looked.unconfirmed_best(*LIMITS.astuple()) is None and plan_view(looked, LIMITS, best).probes == ()
 
 
 def test_a_confident_fleet_prior_lets_a_new_job_go_straight_to_its_best_shape():

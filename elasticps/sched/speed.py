@@ -113,7 +113,7 @@ class SpeedModel(PooledCurve):
         self.replicate_noise: float | None = None
         self._seen: dict[tuple[int, int, int], float] = {}  # mean samples/s of each (p, w, nodes) observed
         self._seen_n: dict[tuple[int, int, int], int] = {}  # how many observations each mean is of
-        self._runs: dict[tuple[int, int, int], int] = {}  # observations of each (p, w, nodes), at any batch
+        self._runs: dict[tuple[int, int], int] = {}  # observations of each shape, on any nodes, at any batch
         self._probes: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self._best_pooled: float | None = None
         self._pooled: dict[tuple[int, int], tuple[float, float]] = {}  # (speed, relative std) of pooled()
@@ -195,7 +195,7 @@ class SpeedModel(PooledCurve):
         self.shapes = {k[:2] for k in keys}
         self._runs = {}
         for key in rows:
-            self._runs[key[:3]] = self._runs.get(key[:3], 0) + 1
+            self._runs[key[:2]] = self._runs.get(key[:2], 0) + 1
         self._seen, self._seen_n = {}, {}
         for where, times in at_batch.items():
             latest = times[-cap:]
@@ -316,8 +316,10 @@ class SpeedModel(PooledCurve):
 
     def unconfirmed_best(self, min_ps: int, max_ps: int, min_workers: int, max_workers: int) -> tuple[int, int] | None:
         """The shape within the limits whose mean is the best speed seen, if it
-        was run fewer than :data:`CONFIRM` times (at any batch): one pass, and
-        two passes of one shape can differ by 1.5x."""
+        was run fewer than :data:`CONFIRM` times: one report, as noisy as a
+        report is (docs/scheduler.md). Runs count on any nodes and at any
+        batch: one more look settles the doubt, wherever it lands, so that it
+        never lasts (an adaptive job may never run the model's batch again)."""
         seen = [
             (v, (p, w))
             for p, w, v, _ in self.seen_at_span()
@@ -326,9 +328,9 @@ class SpeedModel(PooledCurve):
         if not seen:
             return None
         v, (p, w) = max(seen)
-        if v < self.best_seen:  # the best is of shapes run at another batch, by the form: no pass to doubt
-            return None
-        return (p, w) if self._runs.get((p, w, self._nodes(p, w)), 0) < CONFIRM else None
+        if v < self.best_seen:  # the best speed seen is elsewhere (outside the limits, on other nodes, or the
+            return None  # form's at a shape run only at another batch): this mean decides nothing
+        return (p, w) if self._runs.get((p, w), 0) < CONFIRM else None
 
     def observed(self, p: int, w: int) -> float | None:
         """The mean of the latest observations of (p, w) on the nodes it would span, if any."""

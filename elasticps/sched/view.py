@@ -184,8 +184,8 @@ def _plan(
 ) -> ViewPlan:
     own = capped(model.predict, near(frozenset(model.shapes)), model.best_seen)  # no far corner on the form's word
     doubt = _doubted(model, limits, current, own)
-    if model.confident(*limits.astuple()) and not doubt:
-        return ViewPlan(own, limits, sd=model.estimate_sd)
+    if model.confident(*limits.astuple()):
+        return ViewPlan(own, limits, doubt, sd=model.estimate_sd)
     if prior is not None and prior.identified:
         speed, sd = _own_else(model, prior)
         return ViewPlan(speed, limits, sd=sd)

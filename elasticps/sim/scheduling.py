@@ -87,14 +87,9 @@ class Scheduler:
         config = self.config
         s = job.spec
         limits = ShapeLimits(s.min_ps, s.max_ps, s.min_workers, s.max_workers)
-        if self.oracle:  # it knows every shape's speed: nothing to explore, and any shape a leap target
-            ps, workers = range(s.min_ps, s.max_ps + 1), range(s.min_workers, s.max_workers + 1)
-            every = tuple((p, w) for p in ps for w in workers)
+        if self.oracle:  # it knows every shape's speed: nothing to explore
             plan = ViewPlan(
-                oracle_speed(job, config, self.truth),
-                limits,
-                speed_at=oracle_speed_at(job, config, self.truth),
-                measured=every,
+                oracle_speed(job, config, self.truth), limits, speed_at=oracle_speed_at(job, config, self.truth)
             )
         else:
             prior = None

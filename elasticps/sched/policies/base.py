@@ -86,7 +86,7 @@ def grow(
     score is per share of what the whole jump adds. With ``leaps``, where no
     jump pays, a job may leap to a larger shape it has run
     (``JobView.measured``), scored the same way: its measured best can lie
-    past a dip no jump of one kind crosses (1x3 to 4x4)."""
+    past a dip no jump crosses (more PS and one more worker, say)."""
     by_id = {j.id: j for j in jobs}
     heap: list[tuple[float, str, tuple[int, int]]] = []
 

@@ -22,8 +22,8 @@ costs, and slow to shrink.
    the replay's worst walk at 78% of the best, not 93% (docs/scheduler.md),
    while a fleet prior fitted on thousands of reports knows a 1% gain.
    Where no step of 1, 2 or 4 tasks pays, a job may leap to a larger shape
-   it has run (``JobView.measured``): a measured best past a dip (1x3 to
-   4x4 on a flat measured grid) is not left unreached for want of a path.
+   it has run (``JobView.measured``): a measured best past a dip that no
+   step crosses is not left unreached for want of a path.
    ``time_weight`` > 0
    also weighs the gain by the job's remaining time to that power (long jobs
    grow first); 0 by default: in the simulator it was as good or better on
