@@ -266,6 +266,13 @@ def test_ray_train_grows_its_worker_group_when_a_node_joins():
     assert before and after and max(after) > max(1.0, 3 * max(before)), (max(before), max(after))
 
 
+def test_a_resize_only_run_needs_no_worker_counts():
+    config = peers.PeersConfig(workloads=(), workers=(), resize_systems=("elasticps",))
+    assert config.workers == () and config.resize_systems == ("elasticps",)
+    with pytest.raises(ValueError, match="workers, repeats and steps must be >= 1"):
+        peers.PeersConfig(workloads=("embedding",), workers=())
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

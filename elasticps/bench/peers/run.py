@@ -77,7 +77,8 @@ class PeersConfig:
         unknown = set(self.resize_systems) - set(RESIZE_SYSTEMS)
         if unknown:
             raise ValueError(f"unknown resize systems {sorted(unknown)}; choose from {', '.join(RESIZE_SYSTEMS)}")
-        if min(self.workers, default=0) < 1 or self.repeats < 1 or self.steps < 1:
+        # worker counts matter only to throughput runs: a resize-only run needs none
+        if (self.workloads and min(self.workers, default=0) < 1) or self.repeats < 1 or self.steps < 1:
             raise ValueError("workers, repeats and steps must be >= 1")
 
     def workload(self, name: str) -> Workload:
