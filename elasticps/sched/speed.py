@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -193,9 +194,7 @@ class SpeedModel(PooledCurve):
         cap = self.weight_cap or max(len(g) for g in groups.values())
         n = np.asarray([min(len(groups[k]), cap) for k in keys], dtype=float)
         self.shapes = {k[:2] for k in keys}
-        self._runs = {}
-        for key in rows:
-            self._runs[key[:2]] = self._runs.get(key[:2], 0) + 1
+        self._runs = dict(Counter(key[:2] for key in rows))
         self._seen, self._seen_n = {}, {}
         for where, times in at_batch.items():
             latest = times[-cap:]

@@ -183,16 +183,17 @@ def _plan(
     prior: SpeedModel | None,
 ) -> ViewPlan:
     own = capped(model.predict, near(frozenset(model.shapes)), model.best_seen)  # no far corner on the form's word
-    doubt = _doubted(model, limits, current, own)
     if model.confident(*limits.astuple()):
-        return ViewPlan(own, limits, doubt, sd=model.estimate_sd)
+        return ViewPlan(own, limits, _doubted(model, limits, current, own), sd=model.estimate_sd)
     if prior is not None and prior.identified:
         speed, sd = _own_else(model, prior)
         return ViewPlan(speed, limits, sd=sd)
     if not model.shapes:
         p, w = limits.clip(start) if start is not None else (limits.min_ps, limits.min_workers)
         return ViewPlan(model.predict, ShapeLimits(p, p, w, w))
-    probes = (*doubt, *model.probes(*limits.astuple(), count=PROBES)) if current is not None else ()
+    probes: tuple[tuple[int, int], ...] = ()
+    if current is not None:  # the best seen once first, then what the model would learn most from
+        probes = (*_doubted(model, limits, current, own), *model.probes(*limits.astuple(), count=PROBES))
     if not probes:
         return ViewPlan(own, limits, sd=model.estimate_sd)
     assert current is not None

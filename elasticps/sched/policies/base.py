@@ -89,12 +89,19 @@ def grow(
     past a dip no jump crosses (more PS and one more worker, say)."""
     by_id = {j.id: j for j in jobs}
     heap: list[tuple[float, str, tuple[int, int]]] = []
+    Best = tuple[float, tuple[int, int]] | None
+
+    def kept(best: Best, job: JobView, old: tuple[int, int], new: tuple[int, int]) -> Best:
+        """``best`` or (the score of going to ``new``, ``new``), whichever is higher; a score None or <= 0
+        is not worth it."""
+        s = score(job, old, new)
+        return (s, new) if s is not None and s > 0 and (best is None or s > best[0]) else best
 
     def push(job: JobView) -> None:
         p, w = decision[job.id]
         cap_p, cap_w = (caps or {}).get(job.id, (job.max_ps, job.max_workers))
         top_p, top_w = min(cap_p, job.max_ps), min(cap_w, job.max_workers)
-        best: tuple[float, tuple[int, int]] | None = None
+        best: Best = None
         for d in jumps:  # longer jumps only where no shorter one pays: at a dip, not on a slope
             if p + d > top_p and w + d > top_w:
                 continue  # past both caps
@@ -107,9 +114,7 @@ def grow(
             for new, added in options:
                 if new[0] > top_p or new[1] > top_w or not added.fits_in(left):
                     continue
-                s = score(job, (p, w), new)
-                if s is not None and s > 0 and (best is None or s > best[0]):
-                    best = (s, new)
+                best = kept(best, job, (p, w), new)
             if best is not None:
                 break
         if best is None and leaps:
@@ -117,11 +122,8 @@ def grow(
             for new in job.measured:
                 if new == (p, w) or new[0] < p or new[1] < w or new[0] > top_p or new[1] > top_w:
                     continue
-                if not _delta(job, (p, w), new).fits_in(left):
-                    continue
-                s = score(job, (p, w), new)
-                if s is not None and s > 0 and (best is None or s > best[0]):
-                    best = (s, new)
+                if _delta(job, (p, w), new).fits_in(left):
+                    best = kept(best, job, (p, w), new)
         if best is not None:
             heapq.heappush(heap, (-best[0], job.id, best[1]))
 
