@@ -541,8 +541,6 @@ def test_a_running_job_does_not_move_for_a_gain_inside_the_noise_of_its_speeds()
 
 
 def test_the_benchmarks_running_jobs_have_run_a_few_shapes_growth_may_leap_to(monkeypatch):
-    import dataclasses
-
     from elasticps.sched import synthetic
     from elasticps.sched.synthetic import synthetic_jobs
 
