@@ -36,8 +36,9 @@ kube-apiserver:
 
 PYTEST := ELASTICPS_K8S_TOOLS=$(K8S_TOOLS) ELASTICPS_REQUIRE_K8S=$(if $(K8S_TOOLS),1,) $(PY) -m pytest -q -ra --durations=15
 
-# Every test but the slow end-to-end ones (marked `slow`: several Ray nodes, servers killed and
-# restarted, the demo experiment, the peers' smoke runs), which `make test-slow` runs; CI runs both.
+# Every test but the slow ones (marked `slow`: several Ray nodes, servers killed and restarted, the
+# demo experiment, the peers' runs, and the fault tests of ten seconds or more: a task killed or hung and
+# waited out, a shorter one of each kind staying here), which `make test-slow` runs; CI runs both.
 test: setup browser kube-apiserver lint
 	$(PYTEST) -m 'not slow'
 

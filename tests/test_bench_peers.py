@@ -155,6 +155,7 @@ def test_goals_without_ddp_say_unknown_instead_of_failing_the_run():
         peers.PeersConfig(embedding_rows=0)
 
 
+@pytest.mark.slow
 def test_a_run_of_some_systems_measures_those_alone():
     config = peers.PeersConfig(
         workloads=("embedding",),
@@ -194,6 +195,7 @@ def quick_run():
     return peers.run(config)
 
 
+@pytest.mark.slow
 def test_every_system_trains_the_same_job_and_the_json_has_the_published_layout(quick_run, tmp_path):
     out = quick_run
     assert set(out["throughput"]) == {"embedding"}

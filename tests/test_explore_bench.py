@@ -62,6 +62,7 @@ def test_a_grid_that_is_not_one_is_refused(tmp_path):
         explore_bench.run(zero)
 
 
+@pytest.mark.slow
 def test_shapes_bench_measures_a_real_job_on_a_multi_node_cluster():
     out = shapes_bench.run(max_ps=1, max_workers=2, max_tasks=3, steps=1, nodes=2, node_cpus=2, batch=64)
     assert [(g["ps"], g["workers"]) for g in out["grid"]] == [(1, 1), (1, 2)]

@@ -228,6 +228,7 @@ def _step(client, name: str) -> int:
     return job.progress.step if job.progress else -1
 
 
+@pytest.mark.slow
 def test_a_jobs_code_is_pinned_at_submit_and_a_retry_runs_it_after_the_directory_changed(live):
     """Submit ships a working dir; the model file then changes on disk (a wider
     layer). The cancelled job's retry resumes its checkpoint with the code as

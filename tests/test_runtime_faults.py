@@ -80,6 +80,7 @@ def test_a_ps_killed_just_after_a_switch_is_restored_from_the_switch_state(ray_l
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_ps_killed_before_an_evaluation_or_the_final_checkpoint_goes_back_to_a_checkpoint(
     ray_local, tmp_path, monkeypatch
 ):
@@ -189,6 +190,7 @@ def test_a_task_whose_constructor_fails_at_start_fails_the_job_at_once(ray_local
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_job_whose_tasks_keep_dying_at_start_fails_with_the_reason(ray_local, monkeypatch):
     job = make_job(1, 1)
     kill_before(monkeypatch, job._rescale, "install", lambda pending, started, state: started[0].handle, once=False)
@@ -198,6 +200,7 @@ def test_a_job_whose_tasks_keep_dying_at_start_fails_with_the_reason(ray_local, 
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_ps_keeps_dying_fails_the_job_with_the_reason(ray_local, tmp_path, monkeypatch):
     # every read of the shards for a checkpoint finds a PS dead: each is restored from the
     # state installed at step 0, then the job fails, naming what it tried
@@ -412,6 +415,7 @@ def _hanging(job: JobController, task: tasks.Task, flag: Path, more: int):
         job.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_worker_hung_in_a_step_is_taken_for_dead_and_the_job_goes_on(ray_local, tmp_path, mode):
     """A step waits at most step_timeout_s: the worker that did not hand its gradient in is
@@ -446,6 +450,7 @@ class _HangingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
+@pytest.mark.slow
 def test_a_ps_hung_in_its_update_is_taken_for_dead_and_restored(ray_local, tmp_path):
     """The shards' updates are waited for at most step_timeout_s: the hung shard is stopped,
     named, and the job restores the PS from its checkpoint as when one dies, exactly."""
@@ -468,6 +473,7 @@ def test_a_ps_hung_in_its_update_is_taken_for_dead_and_restored(ray_local, tmp_p
         assert relative_error(job.parameters(), ref.params) < TOL
 
 
+@pytest.mark.slow
 def test_a_step_that_hangs_every_time_fails_the_job_with_the_reason(ray_local, tmp_path):
     """A loss that hangs at step 2 in every worker (the user's deadlock): its worker is stopped and
     replaced, the replacement hangs too; the third time the job fails, saying why."""
@@ -528,6 +534,7 @@ def test_a_step_whose_worker_dies_every_time_fails_the_job_with_the_reason(ray_l
 # may be lost or redone.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "grown"), [("sync", (3, 2)), ("async", (3, 1))])
 def test_a_ps_killed_while_a_rescale_is_switched_in_is_restored_and_the_rescale_applied(
     ray_local, tmp_path, mode, grown
@@ -552,6 +559,7 @@ def test_a_ps_killed_while_a_rescale_is_switched_in_is_restored_and_the_rescale_
     job.shutdown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_new_ps_killed_after_it_ran_leaves_the_job_exact_without_a_checkpoint(ray_local, mode):
     # 1x1 -> 2x1: the running PS gets half of the state, the new one dies before taking

@@ -91,6 +91,7 @@ def test_a_grow_takes_the_standbys_a_shrink_parks_them_and_the_end_leaves_nothin
     _free_cpu_becomes(total)
 
 
+@pytest.mark.slow
 def test_a_dead_standby_is_never_handed_out(ray_local):
     job = make_job(1, 1, digits.program(epochs=50), standby_workers=2)
     job.run(max_steps=1)
@@ -141,6 +142,7 @@ def _one_standby_and_no_room(monkeypatch):
     return job, standby, blocker
 
 
+@pytest.mark.slow
 def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_takes_its_slot(ray_local, monkeypatch):
     job, standby, blocker = _one_standby_and_no_room(monkeypatch)
     job._rescale.config = dataclasses.replace(job.config, placement_timeout_s=2.0)  # its rescales' wait only
@@ -159,6 +161,7 @@ def test_a_standby_whose_reservation_gets_no_room_goes_back_and_a_fresh_worker_t
     assert not _held_reservations()
 
 
+@pytest.mark.slow
 def test_a_cancelled_grow_gives_its_standby_back(ray_local, monkeypatch):
     job, standby, blocker = _one_standby_and_no_room(monkeypatch)
     job.rescale(1, 2)
@@ -173,6 +176,7 @@ def test_a_cancelled_grow_gives_its_standby_back(ray_local, monkeypatch):
     assert not _held_reservations()
 
 
+@pytest.mark.slow
 def test_a_standby_that_dies_while_its_reservation_waits_is_not_switched_in(ray_local, monkeypatch):
     job, standby, blocker = _one_standby_and_no_room(monkeypatch)
     request = job.rescale(1, 2)
@@ -194,6 +198,7 @@ def test_a_standby_that_dies_while_its_reservation_waits_is_not_switched_in(ray_
     assert not _held_reservations()
 
 
+@pytest.mark.slow
 def test_a_killed_job_drivers_standby_reservation_is_released_by_the_managers_close(ray_local):
     """A placement group belongs to the Ray job, not to the actor that made it:
     the job driver's death leaves its standby's reservation held until the

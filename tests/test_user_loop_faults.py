@@ -28,6 +28,7 @@ def reference(fn, **kwargs):
     return flat_params(model), session.reports
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_epoch_the_job_goes_on_exactly(ray_local):
     kwargs = {"epochs": 2, "optimizer": "sgd", "lr": 0.05, "log_interval": 0}
     job = make_job(1, 3, functools.partial(digits_loop.main, **kwargs))
@@ -42,6 +43,7 @@ def test_a_worker_killed_mid_epoch_the_job_goes_on_exactly(ray_local):
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_ps_killed_mid_epoch_is_restored_with_the_loops_registered_state(ray_local, tmp_path):
     job = make_job(
         2, 2, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5, placement_timeout_s=240
@@ -60,6 +62,7 @@ def test_a_ps_killed_mid_epoch_is_restored_with_the_loops_registered_state(ray_l
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_job_started_again_on_its_checkpoints_resumes_the_loop_mid_epoch(ray_local, tmp_path):
     first = make_job(1, 2, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=10)
     first.run(max_steps=35)  # epoch 1 (22 steps an epoch), checkpointed at 0, 10, 20, 22, 32
@@ -77,6 +80,7 @@ def test_a_job_started_again_on_its_checkpoints_resumes_the_loop_mid_epoch(ray_l
     again.shutdown()
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_a_checkpoint_reads_the_loops_state_leaves_the_checkpoint_whole(
     ray_local, tmp_path, monkeypatch
 ):
@@ -122,6 +126,7 @@ def test_a_worker_killed_as_an_epoch_or_the_loops_end_leaves_the_job_exact(ray_l
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_worker_lost_after_its_gradient_was_in_at_an_epochs_end_is_dropped_not_blamed_on_the_code(
     ray_local, monkeypatch
 ):
@@ -157,6 +162,7 @@ def test_a_worker_lost_after_its_gradient_was_in_at_an_epochs_end_is_dropped_not
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_ps_killed_in_the_step_after_a_checkpoint_sends_the_loops_back_with_the_shards(
     ray_local, tmp_path, monkeypatch
 ):

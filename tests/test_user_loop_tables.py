@@ -108,6 +108,7 @@ def test_a_ps_held_table_through_live_rescales_matches_one_process(ray_local):
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_ps_killed_mid_epoch_with_a_table_the_job_recovers_exactly(ray_local, tmp_path):
     # the loop evaluates before its first epoch too: a worker reads the rows of the job's parameters then
     kwargs = {"optimizer": "adagrad", "evaluate_first": True}
@@ -170,6 +171,7 @@ def _rows_hang(job, monkeypatch, shards=(1,)):
     "case, hung, named",
     [("waits as configured", (1,), "ps-1"), ("waits longer", (1,), "ps-1"), ("two shards hung", (0, 1), "ps-0, ps-1")],
 )
+@pytest.mark.slow
 def test_a_shard_hung_in_a_read_of_rows_is_named_by_the_worker_stopped_and_restored(
     ray_local, tmp_path, monkeypatch, case, hung, named
 ):
