@@ -298,3 +298,25 @@ def test_the_pool_parks_only_workers_that_came_from_it_and_only_up_to_its_size(m
     [parked] = pool.idle()
     assert (parked.handle, parked.pid, parked.reservation) == (h[3], 3, None)
     assert calls == ["release r3", "h3.park"]  # its reservation released, the shards' memory let go
+
+
+def test_a_standby_on_a_suspect_node_stays_in_the_pool_and_one_elsewhere_is_taken(monkeypatch):
+    """Tasks died on node a lately (its raylet may be going): a grow takes the standby on b, not
+    the one on a, though a's comes first and has room; asked for a's node, it takes none."""
+    from elasticps.runtime.tasks import Task
+
+    calls: list[str] = []
+    monkeypatch.setattr(tasks, "release", lambda reservation: calls.append(f"release {reservation}"))
+    monkeypatch.setattr(tasks, "free_now", lambda: {"a": {"CPU": 4.0}, "b": {"CPU": 4.0}})
+    monkeypatch.setattr(tasks, "is_alive", lambda handle, timeout_s: True)
+    monkeypatch.setattr(standby_module, "placement_group", lambda bundles, **kw: types.SimpleNamespace(ready=list))
+    pool = StandbyPool(2, 1.0)
+    on_a, on_b = _Handle("on_a", calls), _Handle("on_b", calls)
+    pool.park([Task("worker", on_a, "a", 1, reservation="ra"), Task("worker", on_b, "b", 2, reservation="rb")])
+    suspect = lambda node: node == "a"  # noqa: E731
+    cpu = TaskResources(cpu=1.0)
+    assert pool.take("a", cpu, [], suspect) is None
+    taken = pool.take(None, cpu, [], suspect)
+    assert taken is not None and (taken.handle, taken.wanted_node) == (on_b, "b")
+    assert [t.handle for t in pool.idle()] == [on_a]  # kept, for when the node is trusted again
+    assert pool.take(None, cpu, []).handle is on_a  # no node suspect: it is taken

@@ -48,9 +48,25 @@ def get_within(
         raise WaitRanOut(f"{what} did not come within {timeout_s:g} s ({limit})", late) from exc
 
 
+class TakenForHung(GetTimeoutError):
+    """The controller's own wait on a step's calls ran out (:func:`elasticps.runtime.tasks.answers`):
+    the tasks ``late`` names were killed, taken for hung. Ray carries a kill out
+    asynchronously, so a ping just after may still be answered: a recovery
+    takes them for dead by this error, not by asking them."""
+
+    def __init__(self, message: str, late: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.late = tuple(late)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.late))
+
+
 def waited_on(exc: BaseException) -> tuple[str, ...] | None:
-    """If ``exc`` is a task's own wait that ran out (:func:`get_within`, raised
-    in the task), the tasks it names; None for any other error (the
-    controller's own wait running out among them)."""
+    """The tasks taken for hung by ``exc``: those a task's own wait ran out on
+    (:func:`get_within`, raised in the task), or those the controller's own
+    wait killed (:class:`TakenForHung`); None for any other error."""
+    if isinstance(exc, TakenForHung):
+        return exc.late
     cause = exc.cause if isinstance(exc, RayTaskError) else None
     return cause.late if isinstance(cause, WaitRanOut) else None

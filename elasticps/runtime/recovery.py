@@ -337,7 +337,7 @@ class Recovery:
     ) -> None:
         self._flush()  # the open window's steps ran in a row at the shape there was: the redone ones start a new one
         group = self.group
-        hung = waited_on(exc)  # a task's own wait ran out on these: they are taken for hung
+        hung = waited_on(exc)  # a wait ran out on these (a task's own or the controller's): taken for hung
         stopped = {id(t) for t in group.stop(hung or ())}
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if id(t) in stopped or not tasks.is_alive(t.handle, timeout)]

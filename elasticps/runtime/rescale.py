@@ -197,6 +197,7 @@ class Rescaler:
         kept: dict[Kind, dict[int, tasks.Task]] = {"ps": {}, "worker": {}}
         current: dict[Kind, list[tasks.Task]] = {"ps": self.group.ps, "worker": self.group.workers}
         claimed: list[tuple[str, dict[str, float]]] = []  # what the standbys taken will reserve
+        suspect = self._suspect()
         kind: Kind
         try:
             for kind in ("ps", "worker"):
@@ -215,7 +216,7 @@ class Rescaler:
                     if node is not None:
                         tasks.check_fits(task_name(kind, i), node, self._resources(kind), nodes)
                     pool = self.standby if kind == "worker" else None
-                    taken = pool.take(node, self._resources(kind), claimed) if pool is not None else None
+                    taken = pool.take(node, self._resources(kind), claimed, suspect) if pool is not None else None
                     new[kind][i] = taken or self.start_task(kind, self._resources(kind), node, task_name(kind, i))
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:
@@ -249,8 +250,12 @@ class Rescaler:
         return n > 0
 
     def _wanted(self, kind: Kind, shape: Shape, nodes: dict[str, dict[str, float]]) -> list[str | None]:
+        return wanted(kind, shape, nodes, self._suspect())
+
+    def _suspect(self) -> Callable[[str], bool]:
+        """Whether a node is suspect now (tasks died there lately)."""
         now = time.monotonic()
-        return wanted(kind, shape, nodes, lambda n: self.suspects.suspect(n, now))
+        return lambda node: self.suspects.suspect(node, now)
 
     def _release_first(self, shape: Shape, request_id: int) -> None:
         """Switch to the running tasks ``shape`` keeps first, if its new tasks

@@ -117,23 +117,33 @@ class StandbyPool:
             return list(self._idle)
 
     def take(
-        self, node: str | None, resources: TaskResources, claimed: list[tuple[str, dict[str, float]]]
+        self,
+        node: str | None,
+        resources: TaskResources,
+        claimed: list[tuple[str, dict[str, float]]],
+        suspect: Callable[[str], bool] = lambda node: False,
     ) -> tasks.PendingTask | None:
         """A running, alive standby on ``node`` (any node if None) whose node
         has room now for ``resources`` beside ``claimed`` (what standbys
         taken for the same change will hold: appended to), with its
-        reservation asked for; None if there is none."""
+        reservation asked for; None if there is none. A standby on a
+        ``suspect`` node (tasks died there lately: its raylet may be going)
+        is not taken: it stays in the pool, and a fresh worker is placed by Ray."""
         with self._lock:
-            return None if self.closed else self._take(node, resources, claimed)
+            return None if self.closed else self._take(node, resources, claimed, suspect)
 
     def _take(
-        self, node: str | None, resources: TaskResources, claimed: list[tuple[str, dict[str, float]]]
+        self,
+        node: str | None,
+        resources: TaskResources,
+        claimed: list[tuple[str, dict[str, float]]],
+        suspect: Callable[[str], bool],
     ) -> tasks.PendingTask | None:
         self._settle()
         need = resources.as_ray_resources()
         free = tasks.free_now()
         for t in list(self._idle):
-            if node is not None and t.node_id != node:
+            if (node is not None and t.node_id != node) or suspect(t.node_id):
                 continue
             if not fits_now([*claimed, (t.node_id, need)], free):
                 continue

@@ -14,6 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from elasticps.errors import PlacementError
 from elasticps.program import TrainingProgram
 from elasticps.runtime import output
+from elasticps.runtime.bounded_get import TakenForHung
 from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S, TaskResources
 from elasticps.runtime.output import TaskOutput
 from elasticps.runtime.ps import PSShard
@@ -202,8 +203,8 @@ def answers(
     returned, waited for at most ``timeout_s`` in all: None where it failed or
     did not answer in time, and the first error. A task that did not answer in
     time is taken for hung and killed, so that the job's recovery finds it
-    dead; the error is then a :class:`~ray.exceptions.GetTimeoutError` that
-    names those tasks: ``worker-1 did not {what}; taken for hung``."""
+    dead; the error is then a :class:`~elasticps.runtime.bounded_get.TakenForHung`
+    that names those tasks: ``worker-1 did not {what}; taken for hung``."""
     refs = [ref for _, _, ref in calls]
     _, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout_s)) if refs else ([], [])
     late = set(pending)
@@ -212,8 +213,8 @@ def answers(
         for _, handle, ref in calls:
             if ref in late:
                 kill(handle)
-        names = ", ".join(name for name, _, ref in calls if ref in late)
-        first = ray.exceptions.GetTimeoutError(f"{names} did not {what}; taken for hung")
+        names = tuple(name for name, _, ref in calls if ref in late)
+        first = TakenForHung(f"{', '.join(names)} did not {what}; taken for hung", names)
     values: list[Any] = []
     for _, _, ref in calls:
         try:
