@@ -195,3 +195,30 @@ def test_a_kind_whose_means_the_form_misses_is_judged_by_its_means():
     fits = fleet_prior(64, _reports(_speed, shapes, 0.14, 10) + [Observation(2, 5, 1.2 * _speed(2, 5))] * 4)
     plan = plan_view(new_job, LIMITS, None, start=(1, 1), prior=fits)
     assert plan.speed(2, 5) < 1.03 * _speed(2, 5) < fits.observed(2, 5)
+
+
+def test_new_jobs_of_a_kind_start_at_draws_of_its_curve_that_spread_where_it_is_unsure():
+    """Under a fleet prior that measured shapes up to 2 x 4, each new job is judged by a draw of its
+    curve keyed by its id: the same draw every time; the draws' bests differ among the shapes the
+    kind never ran, where its curve is unsure, and a shape it measured keeps about its value; a far
+    corner stays capped at the fastest measured. Once a job has run, the curve itself judges it."""
+    measured = [(p, w) for p in (1, 2) for w in (1, 2, 3, 4)]
+    prior = fleet_prior(64, _reports(_speed, measured, 0.14, 10))
+    assert prior.identified
+    shapes = [(p, w) for p in range(1, 5) for w in range(1, 9)]
+    plans = [plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=prior, draw=f"job-{i}") for i in range(40)]
+    again = plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=prior, draw="job-0")
+    assert [again.speed(*s) for s in shapes] == [plans[0].speed(*s) for s in shapes]
+    curve = plan_view(SpeedModel(64), LIMITS, None, start=(1, 1), prior=prior)
+    assert len({max(shapes, key=lambda s, plan=plan: plan.speed(*s)) for plan in plans}) > 1
+
+    def spread(shape: tuple[int, int]) -> float:
+        ratios = [plan.speed(*shape) / curve.speed(*shape) for plan in plans]
+        return max(ratios) / min(ratios)
+
+    assert spread((2, 4)) < 1.1 < spread((2, 6))  # measured ten times / never run
+    assert spread((4, 8)) == 1.0 and curve.speed(4, 8) <= max(curve.speed(*s) for s in measured)
+
+    ran = SpeedModel(64).fit([Observation(2, 4, _speed(2, 4))])
+    mine = plan_view(ran, LIMITS, (2, 4), prior=prior, draw="job-0")
+    assert all(mine.speed(*s) == plan_view(ran, LIMITS, (2, 4), prior=prior).speed(*s) for s in shapes)

@@ -118,7 +118,7 @@ class ViewBuilder:
         else:
             prior = reads.priors.get(kind_of(rec))
             prior = prior.with_span(span) if prior is not None else None
-            plan = plan_view(model, limits, current, prior=prior)  # the simulator's rule too
+            plan = plan_view(model, limits, current, prior=prior, draw=rec.name)  # the simulator's rule too
         cost = self.rescale_costs.of(rec.name)
         return JobView(
             id=rec.name,

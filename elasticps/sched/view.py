@@ -37,6 +37,7 @@ together, and one it did not, the prior's curve's (:meth:`SpeedModel.pooled_sd`)
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ from elasticps.sched.types import BatchSpeedFn, SpeedFn
 
 #: Probes offered to the policy, best first: it takes the first that fits.
 PROBES = 8
+#: A new job's draw of its kind's curve strays by this many of the curve's standard errors (x a normal deviate).
+DRAW_SPREAD = 0.5
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,16 @@ class ViewPlan:
         }
 
 
-def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
+def _deviate(key: str, p: int, w: int) -> float:
+    """A standard normal deviate fixed by ``(key, p, w)``: a job's draw is the
+    same in every round and every driver (Box-Muller on a hash)."""
+    h = hashlib.blake2b(f"{key}:{p}:{w}".encode(), digest_size=8).digest()
+    u1 = (int.from_bytes(h[:4], "big") + 0.5) / 2**32
+    u2 = (int.from_bytes(h[4:], "big") + 0.5) / 2**32
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+def _own_else(model: SpeedModel, prior: SpeedModel, draw: str | None = None) -> tuple[SpeedFn, SpeedFn]:
     """The job is its kind, scaled: the prior's curve (:meth:`SpeedModel.pooled`)
     times how much faster the job ran than that curve says at the shapes it
     has run (the geometric mean of its own means over the curve's, weighted by
@@ -105,7 +117,15 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
     scaled prediction are weighted by their precisions: the own mean of n
     observations by n / noise^2 (its noise at least the kind's report noise:
     a job with a few reports cannot tell its own), the prediction as one more
-    report about the curve (its uncertainty and the report noise)."""
+    report about the curve (its uncertainty and the report noise).
+
+    ``draw``: a job that has run nowhere yet is judged by a draw of the curve
+    keyed by it (each shape's value times exp(:data:`DRAW_SPREAD` x its
+    relative std x a deviate fixed by the key and the shape)), so that new jobs
+    of a kind start at the shapes the kind's data leave possibly best, in
+    proportion to how possibly, not all at the curve's best (Thompson
+    sampling): the kind's data then grow where its curve is unsure. Once the
+    job has run, the curve itself judges it."""
     rep = prior.report_noise
     logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.pooled(p, w)) > 0 and v > 0]
     count = sum(n for n, _ in logs)
@@ -117,8 +137,16 @@ def _own_else(model: SpeedModel, prior: SpeedModel) -> tuple[SpeedFn, SpeedFn]:
         return model.observed_count(p, w) / noise**2, 1.0 / (prior.pooled_sd(p, w) ** 2 + rep**2)
 
     # a shape far from all the job and its kind measured counts no faster than the fastest measured
+    drawn = draw is not None and not model.shapes
+
+    def curve(p: int, w: int) -> float:
+        v = scale * prior.pooled(p, w)
+        if drawn and v > 0:
+            v *= math.exp(DRAW_SPREAD * min(prior.pooled_sd(p, w), MAX_RELATIVE_STD) * _deviate(draw, p, w))
+        return v
+
     prior_guess = capped(
-        lambda p, w: scale * prior.pooled(p, w),
+        curve,
         near(frozenset(model.shapes | prior.shapes)),
         max(scale * prior.best_pooled_measured(), model.best_seen),
     )
@@ -159,10 +187,12 @@ def plan_view(
     current: tuple[int, int] | None,
     start: tuple[int, int] | None = None,
     prior: SpeedModel | None = None,
+    draw: str | None = None,
 ) -> ViewPlan:
     """The speed function and the range of shapes a policy may choose from for
-    one job (see the module's docstring); ``prior`` counts only if identified."""
-    plan = _plan(model, limits, current, start, prior)
+    one job (see the module's docstring); ``prior`` counts only if identified;
+    ``draw``: the key of a new job's draw of the prior's curve (its id)."""
+    plan = _plan(model, limits, current, start, prior, draw)
     scaler = model if model.theta is not None or prior is None else prior
     measured = tuple(sorted((p, w) for p, w, _, _ in model.seen_at_span()))
     return ViewPlan(plan.speed, plan.limits, plan.probes, _at_batch(plan.speed, scaler), plan.sd, measured)
@@ -181,12 +211,13 @@ def _plan(
     current: tuple[int, int] | None,
     start: tuple[int, int] | None,
     prior: SpeedModel | None,
+    draw: str | None,
 ) -> ViewPlan:
     own = capped(model.predict, near(frozenset(model.shapes)), model.best_seen)  # no far corner on the form's word
     if model.confident(*limits.astuple()):
         return ViewPlan(own, limits, _doubted(model, limits, current, own), sd=model.estimate_sd)
     if prior is not None and prior.identified:
-        speed, sd = _own_else(model, prior)
+        speed, sd = _own_else(model, prior, draw)
         return ViewPlan(speed, limits, sd=sd)
     if not model.shapes:
         p, w = limits.clip(start) if start is not None else (limits.min_ps, limits.min_workers)
