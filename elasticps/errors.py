@@ -32,3 +32,9 @@ class UnschedulableError(ConfigError):
 
 class JobEndedError(ConfigError):
     """The job has ended, so it can no longer be changed."""
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: first line`` of ``exc`` (Ray's errors run to many lines: the first says what)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

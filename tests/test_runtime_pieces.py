@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -14,7 +15,8 @@ from ray import exceptions as ray_errors
 
 from elasticps.errors import ConfigError, JobFailedError, PlacementError, UserCodeError
 from elasticps.runtime import tasks
-from elasticps.runtime.checkpoint import Checkpoint
+from elasticps.runtime.bounded_get import TakenForHung
+from elasticps.runtime.checkpoint import Checkpoint, Checkpoints
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition, GlobalBatches
 from elasticps.runtime.membership import (
@@ -28,7 +30,7 @@ from elasticps.runtime.membership import (
     wanted,
 )
 from elasticps.runtime.progress import Progress
-from elasticps.runtime.recovery import MAX_STEP_TIMEOUTS, Checkpoints, Recovery, RecoveryPlan, plan_recovery
+from elasticps.runtime.recovery import MAX_STEP_TIMEOUTS, Recovery, RecoveryPlan, plan_recovery
 from elasticps.runtime.reports import RescaleRecord
 from elasticps.runtime.rescale import MAX_SWITCH_FAILURES, JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
@@ -528,6 +530,23 @@ def test_step_timeouts_fail_the_job_in_a_row_only_not_across_a_step_that_stood(t
     with pytest.raises(JobFailedError, match=f"step 4 ran out of time {MAX_STEP_TIMEOUTS} times in a row"):
         time_out()
     assert [w.handle.name for w in job.group.workers] == workers[-2:]  # the job failed before it dropped the last
+
+
+def test_tasks_a_wait_took_for_hung_are_dropped_unasked_though_their_kill_has_not_landed(tmp_path, monkeypatch):
+    """Ray carries a kill out asynchronously: a task the controller's wait killed may still answer
+    a ping just after. Recovery drops the tasks the step's errors name (the controller's
+    TakenForHung, and through ``hung`` the step's other error's) without asking them, and marks
+    no node suspect for them (a hang says nothing of its node); a task that died does."""
+    job = _fake_job(tmp_path, monkeypatch, {"p0": [1, 2]}, ["w0", "w1", "w2", "w3"], [])
+    monkeypatch.setattr(tasks, "kill", lambda handle: job.killed.append(handle.name))  # not carried out yet
+    job.recovery.recover(TakenForHung("worker-1 did not hand in its gradient; taken for hung", ("worker-1",)))
+    assert [w.handle.name for w in job.group.workers] == ["w0", "w2", "w3"] and "w1" in job.killed
+    assert not job.rescaler.suspects.suspect("n", time.monotonic())
+    job.recovery.stood()
+    job.t["w0"].handle.dead = True
+    job.recovery.recover(ray_errors.RayActorError(), hung=("worker-2",))  # w3 is worker-2 now
+    assert [w.handle.name for w in job.group.workers] == ["w2"]
+    assert job.rescaler.suspects.suspect("n", time.monotonic())  # w0 died there
 
 
 @pytest.fixture

@@ -16,12 +16,15 @@ import math
 import os
 import re
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from elasticps.errors import ConfigError, ProgramError, UserCodeError
+from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition
 from elasticps.runtime.shard_state import ShardState
 
@@ -167,3 +170,56 @@ def layout_mismatch(ckpt: Checkpoint, model: Layout) -> str | None:
     if [name for name, _ in ckpt.layout] != [name for name, _ in model]:
         return "the model defines the same parameters in another order"
     return None
+
+
+class Checkpoints:
+    """The job's checkpoints: the newest intact one, and when the last was written."""
+
+    def __init__(self, config: JobConfig, event: Callable[[str], None]) -> None:
+        self.config = config
+        self.store = CheckpointStore(config.checkpoint_dir) if config.checkpoint_dir else None
+        self._event = event
+        self.last_step = -1  # the step of the last checkpoint this run wrote
+
+    def latest(self) -> Checkpoint | None:
+        """The newest intact checkpoint; damaged newer ones become events."""
+        if not self.store:
+            return None
+        seen = len(self.store.skipped)
+        ckpt = self.store.latest()
+        for message in self.store.skipped[seen:]:
+            self._event(f"checkpoint {message}")
+        return ckpt
+
+    def save(self, ckpt: Checkpoint) -> None:
+        assert self.store is not None
+        self.store.save(ckpt)
+        self.last_step = ckpt.step
+
+    def due(self, step: int) -> bool:
+        """Whether ``checkpoint_every_steps`` steps ran since the last checkpoint."""
+        every = self.config.checkpoint_every_steps
+        return bool(self.store and every and step - self.last_step >= every)
+
+    def check(self, ckpt: Checkpoint, program: Any, layout: Layout) -> None:
+        """Raise if ``ckpt`` was not written by this program (seed, optimizer, model)."""
+        if ckpt.seed != program.seed or ckpt.optimizer != program.optimizer_name:
+            raise ConfigError(
+                f"checkpoint in {self.config.checkpoint_dir} is for seed {ckpt.seed} / {ckpt.optimizer}, "
+                f"the program has seed {program.seed} / {program.optimizer_name}"
+            )
+        why = layout_mismatch(ckpt, layout)
+        if why:  # the program's code changed since the checkpoint was written
+            raise UserCodeError(f"checkpoint {ckpt.file} does not match the model: {why}")
+
+    def batch_of(self, ckpt: Checkpoint, program: Any) -> int:
+        """The global batch ``ckpt`` was taken at, if ``program`` still allows it."""
+        assert ckpt.batch_size is not None
+        try:
+            return program.check_batch(ckpt.batch_size)
+        except ProgramError as exc:
+            raise ProgramError(
+                f"the checkpoint at step {ckpt.step} was taken at global batch {ckpt.batch_size}, which the "
+                f"program no longer allows (its batch {program.batch_size}, max_batch_size "
+                f"{program.max_batch_size}): {exc}"
+            ) from exc

@@ -32,7 +32,7 @@ import torch
 from elasticps.errors import ConfigError, JobEndedError
 from elasticps.program import TrainingProgram, check_batch_fits, load_program
 from elasticps.runtime import tasks, user_loop
-from elasticps.runtime.checkpoint import Checkpoint, Layout
+from elasticps.runtime.checkpoint import Checkpoint, Checkpoints, Layout
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition, GlobalBatches
 from elasticps.runtime.evaluate import Evaluator
@@ -41,7 +41,7 @@ from elasticps.runtime.job_loop import JobLoop
 from elasticps.runtime.membership import Requests, Shape, check_shape
 from elasticps.runtime.progress import Progress
 from elasticps.runtime.recorder import MAX_WINDOWS, StepRecorder
-from elasticps.runtime.recovery import Checkpoints, Recovery
+from elasticps.runtime.recovery import Recovery
 from elasticps.runtime.reports import EpochReport, JobReport, RescaleRecord, WindowReport
 from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState

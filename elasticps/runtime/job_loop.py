@@ -36,14 +36,14 @@ import numpy as np
 from elasticps.errors import JobFailedError
 from elasticps.program import TrainingProgram
 from elasticps.runtime import steps, tasks, user_loop
-from elasticps.runtime.checkpoint import Checkpoint
+from elasticps.runtime.checkpoint import Checkpoint, Checkpoints
 from elasticps.runtime.config import JobConfig, TaskResources
 from elasticps.runtime.evaluate import Evaluator
 from elasticps.runtime.membership import Requests
 from elasticps.runtime.progress import Progress
 from elasticps.runtime.recorder import Shape as RecordedShape
 from elasticps.runtime.recorder import StepRecorder
-from elasticps.runtime.recovery import Checkpoints, Recovery
+from elasticps.runtime.recovery import Recovery
 from elasticps.runtime.reports import EpochReport, JobReport
 from elasticps.runtime.rescale import Rescaler, SwitchFailed
 from elasticps.runtime.standby import StandbyPool
@@ -187,7 +187,7 @@ class JobLoop:
         if not result.complete:
             # No shard updated: redo the step. Some did: the PS state is torn.
             error = result.stats_error or result.apply_error
-            self._recovery.recover(error, ps_inconsistent=result.applied > 0)  # type: ignore[arg-type]
+            self._recovery.recover(error, ps_inconsistent=result.applied > 0, hung=result.hung)  # type: ignore[arg-type]
             return
         self._group.stepped(result.param_refs)
         self._recovery.stood()

@@ -60,17 +60,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import ray
 
-from elasticps.errors import ConfigError, JobFailedError, PlacementError, ProgramError, UserCodeError
+from elasticps.errors import JobFailedError, PlacementError, UserCodeError, error_text
 from elasticps.runtime import tasks
 from elasticps.runtime.bounded_get import waited_on
-from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore, Layout, layout_mismatch
-from elasticps.runtime.config import JobConfig
+from elasticps.runtime.checkpoint import Checkpoint, Checkpoints
 from elasticps.runtime.membership import Shape, task_name
-from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed, error_text
+from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
 
 MAX_READ_TRIES = 3  # a read of the shards between two steps fails the job after this many tries
@@ -119,59 +118,6 @@ def plan_recovery(
     return RecoveryPlan(restore, user_code, no_workers, replace, from_state=restore is not None and have_state)
 
 
-class Checkpoints:
-    """The job's checkpoints: the newest intact one, and when the last was written."""
-
-    def __init__(self, config: JobConfig, event: Callable[[str], None]) -> None:
-        self.config = config
-        self.store = CheckpointStore(config.checkpoint_dir) if config.checkpoint_dir else None
-        self._event = event
-        self.last_step = -1  # the step of the last checkpoint this run wrote
-
-    def latest(self) -> Checkpoint | None:
-        """The newest intact checkpoint; damaged newer ones become events."""
-        if not self.store:
-            return None
-        seen = len(self.store.skipped)
-        ckpt = self.store.latest()
-        for message in self.store.skipped[seen:]:
-            self._event(f"checkpoint {message}")
-        return ckpt
-
-    def save(self, ckpt: Checkpoint) -> None:
-        assert self.store is not None
-        self.store.save(ckpt)
-        self.last_step = ckpt.step
-
-    def due(self, step: int) -> bool:
-        """Whether ``checkpoint_every_steps`` steps ran since the last checkpoint."""
-        every = self.config.checkpoint_every_steps
-        return bool(self.store and every and step - self.last_step >= every)
-
-    def check(self, ckpt: Checkpoint, program: Any, layout: Layout) -> None:
-        """Raise if ``ckpt`` was not written by this program (seed, optimizer, model)."""
-        if ckpt.seed != program.seed or ckpt.optimizer != program.optimizer_name:
-            raise ConfigError(
-                f"checkpoint in {self.config.checkpoint_dir} is for seed {ckpt.seed} / {ckpt.optimizer}, "
-                f"the program has seed {program.seed} / {program.optimizer_name}"
-            )
-        why = layout_mismatch(ckpt, layout)
-        if why:  # the program's code changed since the checkpoint was written
-            raise UserCodeError(f"checkpoint {ckpt.file} does not match the model: {why}")
-
-    def batch_of(self, ckpt: Checkpoint, program: Any) -> int:
-        """The global batch ``ckpt`` was taken at, if ``program`` still allows it."""
-        assert ckpt.batch_size is not None
-        try:
-            return program.check_batch(ckpt.batch_size)
-        except ProgramError as exc:
-            raise ProgramError(
-                f"the checkpoint at step {ckpt.step} was taken at global batch {ckpt.batch_size}, which the "
-                f"program no longer allows (its batch {program.batch_size}, max_batch_size "
-                f"{program.max_batch_size}): {exc}"
-            ) from exc
-
-
 class Recovery:
     """Restores the tasks of ``rescaler``'s job after a failed step (new ones
     start through it). ``rewind(ckpt)``: set the job's step, data position and
@@ -202,11 +148,12 @@ class Recovery:
         out of time before it are no longer in a row with the next that does."""
         self._in_a_row = (-1, 0, 0)
 
-    def recover(self, exc: BaseException, ps_inconsistent: bool = False) -> None:
+    def recover(self, exc: BaseException, ps_inconsistent: bool = False, hung: tuple[str, ...] = ()) -> None:
         """After a failed step: drop dead workers, restore lost PS, or give up.
 
         ``ps_inconsistent``: the failure hit the update, so some shards may have
         applied the step and others not; the PS are restored from the checkpoint.
+        ``hung``: tasks the step's other error took for hung (``exc``'s are read from it).
         A step that ran out of time (its late tasks were stopped) is recovered
         from as a death, but fails the job the ``MAX_STEP_TIMEOUTS``-th time in
         a row (no step stood between: :meth:`stood`): tasks that hang at the same step each time (a user loop's
@@ -233,7 +180,7 @@ class Recovery:
         state = self.group.state_at(step)
         if state is not None and not self._loops_back(step):  # the loops cannot redo the step from there
             state = None
-        self._recover(exc, ps_inconsistent, torn, f"step {step}", state=state)
+        self._recover(exc, ps_inconsistent, torn, f"step {step}", state=state, hung=hung)
 
     def recover_switch(self, failed: SwitchFailed) -> None:
         """After a shape change failed while it was switched in at a boundary:
@@ -334,15 +281,18 @@ class Recovery:
         during: str,
         state: ShardState | None = None,
         dead_starting: int = 0,
+        hung: tuple[str, ...] = (),
     ) -> None:
         self._flush()  # the open window's steps ran in a row at the shape there was: the redone ones start a new one
         group = self.group
-        hung = waited_on(exc)  # a wait ran out on these (a task's own or the controller's): taken for hung
-        stopped = {id(t) for t in group.stop(hung or ())}
+        hung = (*(waited_on(exc) or ()), *hung)  # a wait ran out on these (a task's own or the controller's)
+        stopped = {id(t) for t in group.stop(hung)}  # taken for hung: dead, whatever a ping says just after the kill
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if id(t) in stopped or not tasks.is_alive(t.handle, timeout)]
         dead_workers = [t for t in group.workers if id(t) in stopped or not tasks.is_alive(t.handle, timeout)]
-        self.rescaler.suspects.mark([t.node_id for t in dead_ps + dead_workers], time.monotonic())
+        # a task's own code may hang on any node: only the nodes of tasks that died are suspect
+        died = [t.node_id for t in dead_ps + dead_workers if id(t) not in stopped]
+        self.rescaler.suspects.mark(died, time.monotonic())
         plan = plan_recovery(
             len(dead_ps),
             len(dead_workers),

@@ -23,7 +23,7 @@ from typing import Any
 
 import ray
 
-from elasticps.errors import PlacementError
+from elasticps.errors import PlacementError, error_text
 from elasticps.runtime import tasks
 from elasticps.runtime.config import JobConfig, TaskResources
 from elasticps.runtime.membership import (
@@ -56,12 +56,6 @@ class JobHooks:
 
 
 MAX_SWITCH_FAILURES = 3  # a request whose tasks die this often while switched in fails
-
-
-def error_text(exc: BaseException) -> str:
-    """``Type: first line`` of ``exc`` (Ray's errors run to many lines: the first says what)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 class SwitchFailed(Exception):

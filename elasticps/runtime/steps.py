@@ -30,6 +30,7 @@ import numpy as np
 import ray
 
 from elasticps.runtime import tasks
+from elasticps.runtime.bounded_get import waited_on
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import split_evenly
 from elasticps.runtime.membership import task_name
@@ -80,6 +81,12 @@ class SyncResult:
     def complete(self) -> bool:
         """Every shard applied the step: it stands (even if a worker died after its gradient was in)."""
         return self.applied == len(self.infos)
+
+    @property
+    def hung(self) -> tuple[str, ...]:
+        """The tasks either error takes for hung (:func:`waited_on`)."""
+        named = (n for e in (self.stats_error, self.apply_error) if e is not None for n in waited_on(e) or ())
+        return tuple(dict.fromkeys(named))
 
 
 def sync_step(

@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from elasticps.errors import PlacementError
 from elasticps.program import TrainingProgram
 from elasticps.runtime import output
-from elasticps.runtime.bounded_get import TakenForHung
+from elasticps.runtime.bounded_get import TakenForHung, waited_on
 from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S, TaskResources
 from elasticps.runtime.output import TaskOutput
 from elasticps.runtime.ps import PSShard
@@ -204,25 +204,27 @@ def answers(
     did not answer in time, and the first error. A task that did not answer in
     time is taken for hung and killed, so that the job's recovery finds it
     dead; the error is then a :class:`~elasticps.runtime.bounded_get.TakenForHung`
-    that names those tasks: ``worker-1 did not {what}; taken for hung``."""
+    that names those tasks: ``worker-1 did not {what}; taken for hung`` (its
+    ``late`` also holds the tasks the others' own waits named, if any)."""
     refs = [ref for _, _, ref in calls]
     _, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout_s)) if refs else ([], [])
     late = set(pending)
-    first: ray.exceptions.RayError | None = None
-    if late:
-        for _, handle, ref in calls:
-            if ref in late:
-                kill(handle)
-        names = tuple(name for name, _, ref in calls if ref in late)
-        first = TakenForHung(f"{', '.join(names)} did not {what}; taken for hung", names)
+    for _, handle, ref in calls:
+        if ref in late:
+            kill(handle)
     values: list[Any] = []
+    errors: list[ray.exceptions.RayError] = []
     for _, _, ref in calls:
         try:
             values.append(None if ref in late else ray.get(ref))
         except ray.exceptions.RayError as exc:
             values.append(None)
-            first = first or exc
-    return values, first
+            errors.append(exc)
+    if not late:
+        return values, errors[0] if errors else None
+    names = tuple(name for name, _, ref in calls if ref in late)
+    waited = (n for e in errors for n in waited_on(e) or () if n not in names)  # what the others' own waits named
+    return values, TakenForHung(f"{', '.join(names)} did not {what}; taken for hung", (*names, *dict.fromkeys(waited)))
 
 
 def is_alive(handle: Any, timeout_s: float) -> bool:
