@@ -285,7 +285,9 @@ class Recovery:
     ) -> None:
         self._flush()  # the open window's steps ran in a row at the shape there was: the redone ones start a new one
         group = self.group
-        hung = (*(waited_on(exc) or ()), *hung)  # a wait ran out on these (a task's own or the controller's)
+        named = waited_on(exc)  # a wait ran out (a task's own or the controller's), on these
+        ran_out = named is not None or bool(hung)
+        hung = (*(named or ()), *hung)
         stopped = {id(t) for t in group.stop(hung)}  # taken for hung: dead, whatever a ping says just after the kill
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if id(t) in stopped or not tasks.is_alive(t.handle, timeout)]
@@ -305,7 +307,7 @@ class Recovery:
         source = state if plan.from_state else None
         if plan.restore == "torn":
             self._restore_ps(torn_why, source)
-        if plan.user_code and hung is None:
+        if plan.user_code and not ran_out:  # nothing died and no wait ran out: the program's code failed
             cause = getattr(exc, "cause", None) or exc
             raise UserCodeError(f"{during} failed in user code: {type(cause).__name__}: {cause}") from exc
         if dead_workers:
