@@ -11,7 +11,8 @@ speed: one rule for the live manager and the simulator.
   faster or slower than its kind it ran where it ran), combined where the
   job has run a shape with its own mean there, each weighted by its
   precision (one noisy epoch does not outweigh what hundreds of the kind's
-  say). A new job starts at the prior's best, not at its minimum, and moves
+  say). A new job starts at the best of its own draw of the prior's curve
+  (keyed by its id: see :func:`_own_else`), not at its minimum, and moves
   to its target in one rescale.
 - Nothing known: the shape the user asked for (``start``), or the minimum.
 - Some shapes seen, no confident model: up to the current shape or the probes
@@ -122,10 +123,12 @@ def _own_else(model: SpeedModel, prior: SpeedModel, draw: str | None = None) -> 
     ``draw``: a job that has run nowhere yet is judged by a draw of the curve
     keyed by it (each shape's value times exp(:data:`DRAW_SPREAD` x its
     relative std x a deviate fixed by the key and the shape)), so that new jobs
-    of a kind start at the shapes the kind's data leave possibly best, in
-    proportion to how possibly, not all at the curve's best (Thompson
-    sampling): the kind's data then grow where its curve is unsure. Once the
-    job has run, the curve itself judges it."""
+    of a kind start spread over the shapes the kind's data leave possibly
+    best, not all at the curve's best (Thompson sampling, with each shape
+    drawn apart rather than the form's parameters drawn together: the best of
+    many unsure shapes leans high): the kind's data then grow where its curve
+    is unsure. A shape out of reach stays capped. Once the job has run, the
+    curve itself judges it."""
     rep = prior.report_noise
     logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.pooled(p, w)) > 0 and v > 0]
     count = sum(n for n, _ in logs)

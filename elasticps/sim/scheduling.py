@@ -101,7 +101,7 @@ class Scheduler:
             static = (s.static_ps, s.static_workers)
             # asked more than there is: the minimum
             start = static if span_of(s, config)(*static) <= config.nodes else None
-            plan = plan_view(job.model, limits, job.shape, start, prior, draw=s.id)
+            plan = plan_view(job.model, limits, job.shape, start, prior, draw=f"{config.seed}:{s.id}")
         return plan
 
     def view(self, job: SimJob, t: float) -> JobView:
