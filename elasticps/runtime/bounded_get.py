@@ -70,3 +70,8 @@ def waited_on(exc: BaseException) -> tuple[str, ...] | None:
         return exc.late
     cause = exc.cause if isinstance(exc, RayTaskError) else None
     return cause.late if isinstance(cause, WaitRanOut) else None
+
+
+def hung_in(*errors: BaseException | None) -> tuple[str, ...]:
+    """Every task that ``errors`` take for hung (:func:`waited_on`), each once, in order."""
+    return tuple(dict.fromkeys(n for e in errors if e is not None for n in waited_on(e) or ()))

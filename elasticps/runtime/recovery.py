@@ -66,7 +66,7 @@ import ray
 
 from elasticps.errors import JobFailedError, PlacementError, UserCodeError, error_text
 from elasticps.runtime import tasks
-from elasticps.runtime.bounded_get import waited_on
+from elasticps.runtime.bounded_get import hung_in, waited_on
 from elasticps.runtime.checkpoint import Checkpoint, Checkpoints
 from elasticps.runtime.membership import Shape, task_name
 from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
@@ -285,9 +285,8 @@ class Recovery:
     ) -> None:
         self._flush()  # the open window's steps ran in a row at the shape there was: the redone ones start a new one
         group = self.group
-        named = waited_on(exc)  # a wait ran out (a task's own or the controller's), on these
-        ran_out = named is not None or bool(hung)
-        hung = (*(named or ()), *hung)
+        ran_out = waited_on(exc) is not None or bool(hung)  # a wait ran out (a task's own or the controller's)
+        hung = tuple(dict.fromkeys((*hung_in(exc), *hung)))  # on these
         stopped = {id(t) for t in group.stop(hung)}  # taken for hung: dead, whatever a ping says just after the kill
         timeout = self.config.liveness_timeout_s
         dead_ps = [t for t in group.ps if id(t) in stopped or not tasks.is_alive(t.handle, timeout)]

@@ -30,7 +30,7 @@ import numpy as np
 import ray
 
 from elasticps.runtime import tasks
-from elasticps.runtime.bounded_get import waited_on
+from elasticps.runtime.bounded_get import hung_in
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import split_evenly
 from elasticps.runtime.membership import task_name
@@ -84,9 +84,8 @@ class SyncResult:
 
     @property
     def hung(self) -> tuple[str, ...]:
-        """The tasks either error takes for hung (:func:`waited_on`)."""
-        named = (n for e in (self.stats_error, self.apply_error) if e is not None for n in waited_on(e) or ())
-        return tuple(dict.fromkeys(named))
+        """The tasks either error takes for hung."""
+        return hung_in(self.stats_error, self.apply_error)
 
 
 def sync_step(

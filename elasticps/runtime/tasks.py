@@ -14,7 +14,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from elasticps.errors import PlacementError
 from elasticps.program import TrainingProgram
 from elasticps.runtime import output
-from elasticps.runtime.bounded_get import TakenForHung, waited_on
+from elasticps.runtime.bounded_get import TakenForHung, hung_in
 from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S, TaskResources
 from elasticps.runtime.output import TaskOutput
 from elasticps.runtime.ps import PSShard
@@ -223,8 +223,8 @@ def answers(
     if not late:
         return values, errors[0] if errors else None
     names = tuple(name for name, _, ref in calls if ref in late)
-    waited = (n for e in errors for n in waited_on(e) or () if n not in names)  # what the others' own waits named
-    return values, TakenForHung(f"{', '.join(names)} did not {what}; taken for hung", (*names, *dict.fromkeys(waited)))
+    named = tuple(dict.fromkeys((*names, *hung_in(*errors))))  # and what the others' own waits named
+    return values, TakenForHung(f"{', '.join(names)} did not {what}; taken for hung", named)
 
 
 def is_alive(handle: Any, timeout_s: float) -> bool:

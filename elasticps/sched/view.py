@@ -139,7 +139,6 @@ def _own_else(model: SpeedModel, prior: SpeedModel, draw: str | None = None) -> 
         """Of the job's own mean at (p, w), and of the prior's scaled prediction there."""
         return model.observed_count(p, w) / noise**2, 1.0 / (prior.pooled_sd(p, w) ** 2 + rep**2)
 
-    # a shape far from all the job and its kind measured counts no faster than the fastest measured
     drawn = draw is not None and not model.shapes
 
     def curve(p: int, w: int) -> float:
@@ -148,6 +147,7 @@ def _own_else(model: SpeedModel, prior: SpeedModel, draw: str | None = None) -> 
             v *= math.exp(DRAW_SPREAD * min(prior.pooled_sd(p, w), MAX_RELATIVE_STD) * _deviate(draw, p, w))
         return v
 
+    # a shape far from all the job and its kind measured counts no faster than the fastest measured
     prior_guess = capped(
         curve,
         near(frozenset(model.shapes | prior.shapes)),
