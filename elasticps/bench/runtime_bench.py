@@ -4,15 +4,11 @@ Workloads (a user's, not picked to flatter a ratio):
 - throughput: the synthetic 10.0M-parameter MLP (40 MB of float32, ResNet-18
   sized), Adam, global batch 256, one torch thread per worker, against the same
   model, batch, data and thread count trained in one plain PyTorch process;
-- push+pull: 40 MB each way through the data path of a step on one node,
-  every byte read by the receiver, with the two Ray calls per step the
-  controller makes, against one 40 MB ``memcpy``: through shared memory (the
-  runtime's same-node path) and through Ray's object store (the path between
-  nodes, measured here on one node);
-- the same push+pull driven through a Ray Compiled Graph (the two calls of a
-  round run on channels Ray sets up once, not as two Ray calls): what the
-  round gives without Ray's per-call work. The runtime does not drive its
-  steps this way; the figure says how much of the gap to memcpy the calls are;
+- push+pull (:mod:`elasticps.bench.pushpull_bench`): 40 MB each way through
+  a step's data path on one node against one 40 MB ``memcpy``, every byte
+  read by the receiver, through shared memory (read in place, as the runtime
+  reads them, and copied) and through Ray's object store, driven by Ray calls
+  and through a Ray Compiled Graph;
 - rescale pauses: the same 10M model with Adam (parameters plus two moment
   vectors move when PS shards change);
 - the user-loop path: the same model, data, batch and optimizer written as a
@@ -30,157 +26,15 @@ import contextlib
 import functools
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-import ray
-
+from elasticps.bench.pushpull_bench import PAYLOAD_FLOATS, pushpull_rounds
 from elasticps.examples import digits, synthetic
 from elasticps.raycluster import ensure_ray
 from elasticps.runtime import JobConfig, JobController, TaskResources, relative_error, train_single_process
-from elasticps.runtime.shm import Attachments, OwnedVector, ShmRef
 
 MB = 1e6
-PAYLOAD_FLOATS = 10_000_000  # 40 MB
-
-
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def memcpy_mbps(repeats: int) -> float:
-    src = np.random.default_rng(0).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
-    dst = np.empty_like(src)
-    return src.nbytes / MB / _median_time(lambda: np.copyto(dst, src), repeats)
-
-
-def _payload(kind: str, seed: int, shared: bool) -> tuple[np.ndarray, OwnedVector | None]:
-    """40 MB of random float32, in a shared-memory vector if ``shared``."""
-    data = np.random.default_rng(seed).standard_normal(PAYLOAD_FLOATS).astype(np.float32)
-    if not shared:
-        return data, None
-    vec = OwnedVector(kind, PAYLOAD_FLOATS)
-    vec.array[:] = data
-    return vec.array, vec
-
-
-@ray.remote(num_cpus=0.5)
-class _WorkerSide:
-    """The worker's end of a step's exchange, as :class:`~elasticps.runtime.worker.Worker`'s
-    ``step`` makes it: one call pulls the last parameters and pushes the gradient."""
-
-    def __init__(self, shared: bool) -> None:
-        self.grad, self.shm = _payload("grad", 1, shared)
-        self.params = np.empty_like(self.grad)
-        self.attached = Attachments()
-
-    def step(self, refs: list) -> np.ndarray | ShmRef:
-        [part] = ray.get(refs)
-        return self.step_value(part)
-
-    def step_value(self, part: np.ndarray | ShmRef) -> np.ndarray | ShmRef:
-        np.copyto(self.params, self.attached.resolve(part))  # read every byte
-        return self.grad if self.shm is None else self.shm.ref()
-
-    def close(self) -> None:
-        if self.shm is not None:
-            self.shm.close()
-
-
-@ray.remote(num_cpus=0.5)
-class _PSSide:
-    """A PS shard's end: its update call reads the gradient and returns the parameters."""
-
-    def __init__(self, shared: bool) -> None:
-        self.params, self.shm = _payload("param", 2, shared)
-        self.grad = np.empty_like(self.params)
-        self.attached = Attachments()
-
-    def current(self) -> np.ndarray | ShmRef:
-        return self.params if self.shm is None else self.shm.ref()
-
-    def take(self, refs: list) -> np.ndarray | ShmRef:
-        [grad] = ray.get(refs)
-        return self.take_value(grad)
-
-    def take_value(self, grad: np.ndarray | ShmRef) -> np.ndarray | ShmRef:
-        np.copyto(self.grad, self.attached.resolve(grad))  # read every byte
-        return self.current()
-
-    def close(self) -> None:
-        if self.shm is not None:
-            self.shm.close()
-
-
-def pushpull_mbps(repeats: int, shared: bool, nodes: tuple[str, str] | None = None) -> float:
-    """Bytes moved per second by one pull (PS -> worker) and one push (worker -> PS),
-    driven as the controller drives a sync step: the worker's call reads the
-    parameters of the last update and returns its gradient; the PS's call,
-    submitted with it, reads that gradient and returns the new parameters; then
-    both results are awaited. In place through shared memory (``shared``, the
-    runtime's same-node path) or copied through Ray's object store (its
-    cross-node path). ``nodes``: the Ray node ids of the worker's and the PS's
-    end (default: wherever Ray puts them)."""
-    if nodes is None:
-        worker, ps = _WorkerSide.remote(shared), _PSSide.remote(shared)
-    else:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        worker, ps = (
-            side.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(shared)
-            for side, node in zip((_WorkerSide, _PSSide), nodes, strict=True)
-        )
-    params = [ps.current.remote()]
-
-    def step() -> None:
-        grad = worker.step.remote(params)
-        params[0] = ps.take.remote([grad])
-        ray.get([grad, params[0]])
-
-    seconds = _median_time(step, repeats)
-    ray.get([worker.close.remote(), ps.close.remote()])
-    for a in (worker, ps):
-        ray.kill(a)
-    return 2 * PAYLOAD_FLOATS * 4 / MB / seconds
-
-
-def pushpull_compiled_mbps(repeats: int) -> float:
-    """:func:`pushpull_mbps` through shared memory, the round driven through a
-    Ray Compiled Graph: the worker's read feeds the PS's read on a channel Ray
-    sets up once, the new parameters come back to the driver, which feeds them
-    to the next round, as the controller's two calls would."""
-    worker, ps = _WorkerSide.remote(True), _PSSide.remote(True)
-    step, teardown = compiled_round(worker, ps)
-    try:
-        seconds = _median_time(step, repeats)
-    finally:
-        teardown()
-        ray.get([worker.close.remote(), ps.close.remote()])
-        for a in (worker, ps):
-            ray.kill(a)
-    return 2 * PAYLOAD_FLOATS * 4 / MB / seconds
-
-
-def compiled_round(worker: Any, ps: Any) -> tuple[Callable[[], None], Callable[[], None]]:
-    """A push+pull round of ``worker`` and ``ps`` (a :class:`_WorkerSide` and a
-    :class:`_PSSide`) as a compiled graph: (run one round, tear the graph down)."""
-    from ray.dag import InputNode
-
-    params = [ray.get(ps.current.remote())]
-    with InputNode() as given:
-        graph = ps.take_value.bind(worker.step_value.bind(given)).experimental_compile()
-
-    def step() -> None:
-        params[0] = ray.get(graph.execute(params[0]))
-
-    return step, graph.teardown
 
 
 def _bench_config(**kw: Any) -> JobConfig:
@@ -314,12 +168,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     out["ps_1x1_over_single_process"] = out["ps_1x1_samples_per_s"] / out["single_process_samples_per_s"]
     out.update(user_loop(steps, batch))
     out["user_loop_over_ps_1x1"] = out["user_loop_samples_per_s"] / out["ps_1x1_samples_per_s"]
-    out["memcpy_MBps"] = memcpy_mbps(repeats)
-    out["pushpull_MBps"] = pushpull_mbps(repeats, shared=True)
-    out["pushpull_over_memcpy"] = out["pushpull_MBps"] / out["memcpy_MBps"]
-    out["pushpull_compiled_MBps"] = pushpull_compiled_mbps(repeats)
-    out["pushpull_compiled_over_memcpy"] = out["pushpull_compiled_MBps"] / out["memcpy_MBps"]
-    out["pushpull_object_store_MBps"] = pushpull_mbps(repeats, shared=False)
+    out.update(pushpull_rounds(repeats))
     out["rescale_pause_s"] = rescale_pauses(batch)
     out["three_workers_start_s"] = task_starts(2 if quick else 5)
     out["sync_exactness_max_rel_err"] = sync_exactness(3 if quick else 10)

@@ -56,7 +56,8 @@ def table(out: dict[str, Any]) -> str:
     if limit:
         lines.append(
             f"push+pull of {limit['payload_MB']:.0f} MB: shared memory {limit['pushpull_shm_MBps']:.0f} MB/s "
-            f"({limit['pushpull_shm_over_memcpy']:.2f}x memcpy {limit['memcpy_MBps']:.0f} MB/s); "
+            f"({limit['pushpull_shm_over_memcpy']:.2f}x memcpy {limit['memcpy_MBps']:.0f} MB/s; "
+            f"each end copying: {limit['pushpull_shm_copy_over_memcpy']:.2f}x); "
             f"object store one node {limit['pushpull_object_store_one_node_MBps']:.0f} MB/s, "
             f"two nodes {limit['pushpull_object_store_two_nodes_MBps']:.0f} MB/s"
         )

@@ -325,27 +325,31 @@ def _trained(timeline: Timeline) -> bool:
 
 # ---------------------------------------------------------------------- limits
 def limits(config: PeersConfig, cluster: Any) -> dict[str, Any]:
-    """Push+pull of 40 MB against memcpy, on one node and between two Ray nodes."""
+    """Push+pull of 40 MB against memcpy, on one node (read in place, and copied:
+    :func:`~elasticps.bench.pushpull_bench.pushpull`) and between two Ray nodes."""
     import ray
 
-    from elasticps.bench import runtime_bench
+    from elasticps.bench import pushpull_bench
 
     repeats = config.limit_repeats
-    out: dict[str, Any] = {"payload_MB": runtime_bench.PAYLOAD_FLOATS * 4 / 1e6}
-    out["memcpy_MBps"] = runtime_bench.memcpy_mbps(repeats)
-    out["pushpull_shm_MBps"] = runtime_bench.pushpull_mbps(repeats, shared=True)
-    out["pushpull_object_store_one_node_MBps"] = runtime_bench.pushpull_mbps(repeats, shared=False)
+    out: dict[str, Any] = {"payload_MB": pushpull_bench.PAYLOAD_FLOATS * 4 / 1e6}
+    out["memcpy_MBps"] = pushpull_bench.memcpy_mbps(repeats)
+    out["pushpull_shm"] = pushpull_bench.pushpull(repeats, shared=True)
+    out["pushpull_shm_copy"] = pushpull_bench.pushpull(repeats, shared=True, read="copy")
+    out["pushpull_shm_MBps"] = out["pushpull_shm"]["MBps"]
+    out["pushpull_object_store_one_node_MBps"] = pushpull_bench.pushpull(repeats, shared=False)["MBps"]
     node = add_node(cluster, num_cpus=NODE_CPUS)
     cluster.wait_for_nodes()
     try:
         head = ray.get_runtime_context().get_node_id()
         other = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head)
-        out["pushpull_object_store_two_nodes_MBps"] = runtime_bench.pushpull_mbps(
+        out["pushpull_object_store_two_nodes_MBps"] = pushpull_bench.pushpull(
             repeats, shared=False, nodes=(head, other)
-        )
+        )["MBps"]
     finally:
         cluster.remove_node(node)
     out["pushpull_shm_over_memcpy"] = out["pushpull_shm_MBps"] / out["memcpy_MBps"]
+    out["pushpull_shm_copy_over_memcpy"] = out["pushpull_shm_copy"]["MBps"] / out["memcpy_MBps"]
     return out
 
 
