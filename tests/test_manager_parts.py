@@ -27,6 +27,7 @@ from elasticps.manager.runtime import Launch, ProgramInfo
 from elasticps.manager.shipping import ShipPolicy
 from elasticps.manager.spec import LimitsPatch
 from elasticps.manager.states import JobInUse, JobState
+from elasticps.placement import shared_spans
 from elasticps.runtime import JobConfig
 from elasticps.sched import Resources
 
@@ -74,7 +75,7 @@ class Parts:
         return handle
 
     def view(self, name: str, now: float = 200.0):
-        return self.views.view(self.store.get_job(name), now, RoundReads(), [Resources(cpu=8.0)])
+        return self.views.view(self.store.get_job(name), now, RoundReads(), shared_spans([Resources(cpu=8.0)]))
 
     def kinds(self, name: str) -> list[str]:
         return [e[3] for e in self.store.events(name)]

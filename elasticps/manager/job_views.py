@@ -14,6 +14,7 @@ here and has no view. Called with the manager's lock held.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,12 +31,15 @@ from elasticps.manager.states import JobState
 from elasticps.manager.store import JobRecord, Store
 from elasticps.manager.task_resources import policy_resources
 from elasticps.manager.workdir import job_dir
-from elasticps.placement import spans_on
+from elasticps.placement import shared_spans
 from elasticps.sched import ClusterView, JobView, Observation, Resources, SpeedModel
 from elasticps.sched.goodput import batch_candidates
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
 
 log = logging.getLogger("elasticps.manager")
+
+#: the nodes each shape of a job would span, by its PS's and workers' sizes (:func:`shared_spans`)
+SpansOf = Callable[[Resources, Resources], Callable[[int, int], int]]
 
 
 @dataclass
@@ -71,11 +75,11 @@ class ViewBuilder:
 
     def views(self, records: list[JobRecord], reads: RoundReads, cluster: ClusterView, now: float) -> list[JobView]:
         """The views of ``records`` (those that have one); a job whose figures break its view fails, not the round."""
-        room = [n.available for n in cluster.nodes]
+        spans = shared_spans([n.available for n in cluster.nodes])
         views = []
         for r in records:
             try:
-                view = self.view(r, now, reads, room)
+                view = self.view(r, now, reads, spans)
             except FIGURE_ERRORS as exc:
                 self.jobs.fail_on_figures(r.name, now, f"{type(exc).__name__}: {exc}")
                 continue
@@ -89,9 +93,10 @@ class ViewBuilder:
             reads.observed[name] = read_observations(self.store, name)
         return reads.observed[name]
 
-    def view(self, rec: JobRecord, now: float, reads: RoundReads, room: list[Resources]) -> JobView | None:
+    def view(self, rec: JobRecord, now: float, reads: RoundReads, spans: SpansOf) -> JobView | None:
         """What the policy knows of a job; its speeds are predicted for the
-        nodes each shape would span on the ``room`` the nodes have for our jobs."""
+        nodes each shape would span on the room the nodes have for our jobs
+        (``spans``: :func:`~elasticps.placement.shared_spans` of it)."""
         live = self.jobs.live.get(rec.name)
         if live is None and not self.admission.admitted_here(rec, now):  # once per job here; apply checks each start
             return None
@@ -101,7 +106,7 @@ class ViewBuilder:
         spec = rec.spec
         share = live.compute_share if live is not None else None
         ps_res, worker_res = policy_resources(spec.ps), policy_resources(spec.workers)
-        span = spans_on(ps_res, worker_res, room)
+        span = spans(ps_res, worker_res)
         model = SpeedModel(info.batch_size, spec.mode, span=span, compute_share=share)
         model.fit(self.observations(rec.name, reads))
         current = None

@@ -144,7 +144,7 @@ def _add_around(job: JobView, p: int, w: int, kept: dict[str, list[str]], room: 
             if not fits:
                 room.give_all(taken)
                 return None
-            node = min(fits, key=lambda n: (-mine.count(n), -amount(room.free[n]), room.order.index(n)))
+            node = min(fits, key=lambda n: (-mine.count(n), -amount(room.free[n]), room.rank[n]))
             room.take(node, r)
             taken.append((node, r))
             nodes_of[kind].append(node)

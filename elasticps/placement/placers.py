@@ -52,9 +52,7 @@ def _place_each(
 def _spread(job: JobView, p: int, w: int, room: Room) -> JobPlacement | None:
     def choose(r: Resources) -> str | None:
         fits = [n for n in room.order if r.fits_in(room.free[n])]
-        return (
-            max(fits, key=lambda n: (room.free[n].cpu, room.free[n].memory_gb, -room.order.index(n))) if fits else None
-        )
+        return max(fits, key=lambda n: (room.free[n].cpu, room.free[n].memory_gb, -room.rank[n])) if fits else None
 
     return _place_each(job, p, w, room, choose)
 
@@ -86,7 +84,7 @@ def _optimus(job: JobView, p: int, w: int, room: Room) -> JobPlacement | None:
     for k in range(1, len(room.order) + 1):
         per_ps, per_w = -(-p // k), -(-w // k)
         nodes = [n for n in room.order if job.resources(min(per_ps, p), min(per_w, w)).fits_in(room.free[n])]
-        nodes.sort(key=lambda n: (-room.free[n].cpu, room.order.index(n)))
+        nodes.sort(key=lambda n: (-room.free[n].cpu, room.rank[n]))
         if len(nodes) < k:
             continue
         plan, left_p, left_w = [], p, w
@@ -102,16 +100,17 @@ def _optimus(job: JobView, p: int, w: int, room: Room) -> JobPlacement | None:
 def locality(job: JobView, p: int, w: int, room: Room, prefer: set[str]) -> JobPlacement | None:
     need = job.resources(p, w)
     amount = dominant(job)
-    # 1. one node: best fit (least of the dominant resource left over), preferring where the job already runs
+    # 1. one node: best fit (least of the dominant resource left over, so the least free: the need is the same
+    # on each), preferring where the job already runs
     whole = [n for n in room.order if need.fits_in(room.free[n])]
     if whole:
-        best = min(whole, key=lambda n: (n not in prefer, amount(room.free[n] - need), room.order.index(n)))
+        best = min(whole, key=lambda n: (n not in prefer, amount(room.free[n]), room.rank[n]))
         return _assign(job, [(best, p, w)], room)
     # 2. the fewest nodes: fill the roomiest first with workers, then shards in proportion
     unit = job.worker_resources + job.ps_resources.scaled(p / max(w, 1))  # a worker and its share of PS
     nodes = sorted(
         room.order,
-        key=lambda n: (n not in prefer, -room.count_fit(n, unit), -amount(room.free[n]), room.order.index(n)),
+        key=lambda n: (n not in prefer, -room.count_fit(n, unit), -amount(room.free[n]), room.rank[n]),
     )
     plan_w: list[tuple[str, int]] = []
     left = w

@@ -15,6 +15,7 @@ class Room:
 
     def __init__(self, cluster: ClusterView) -> None:
         self.order = [n.name for n in cluster.nodes]
+        self.rank = {name: i for i, name in enumerate(self.order)}  # a node's place in ``order``, for ties
         self.free = {n.name: n.available for n in cluster.nodes}
 
     def take(self, node: str, r: Resources) -> bool:
@@ -101,6 +102,20 @@ def spans_on(ps: Resources, worker: Resources, room: list[Resources]) -> Callabl
         return memo[(p, w)]
 
     return span
+
+
+def shared_spans(room: list[Resources]) -> Callable[[Resources, Resources], Callable[[int, int], int]]:
+    """:func:`spans_on` this ``room`` for each pair of task sizes, made once and
+    shared: a round's jobs of one size ask the same shapes, and each answer
+    sorts every node's fit."""
+    made: dict[tuple[Resources, Resources], Callable[[int, int], int]] = {}
+
+    def of(ps: Resources, worker: Resources) -> Callable[[int, int], int]:
+        if (ps, worker) not in made:
+            made[(ps, worker)] = spans_on(ps, worker, room)
+        return made[(ps, worker)]
+
+    return of
 
 
 def _fewest(ps: Resources, worker: Resources, p: int, w: int, free: list[Resources]) -> int | None:

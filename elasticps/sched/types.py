@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -72,11 +73,12 @@ class NodeView:
 class ClusterView:
     nodes: tuple[NodeView, ...]
 
-    @property
+    # worked out once: a round asks for them per job and placement per move, and each sums every node
+    @functools.cached_property
     def available(self) -> Resources:
         return total_of(n.available for n in self.nodes)
 
-    @property
+    @functools.cached_property
     def capacity(self) -> Resources:
         return total_of(n.capacity for n in self.nodes)
 
