@@ -4,6 +4,7 @@ manager's invariants; none starts Ray, so each runs in milliseconds."""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 
@@ -790,3 +791,17 @@ def _wait_for(condition, timeout_s: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_a_relative_workdir_reaches_the_job_as_absolute_paths(tmp_path, monkeypatch):
+    # a shipped job's tasks run in Ray's copy of its working_dir: a relative checkpoint or output
+    # folder would land there, not in the manager's workdir
+    monkeypatch.chdir(tmp_path)
+    runtime = FakeRuntime()
+    manager = Manager(Store(tmp_path / "m.db"), "state", clock=Clock(), runtime=runtime, capacity=FakeCapacity())
+    submit(manager, "a")
+    manager.step()
+    launch = runtime.latest("a").launch
+    paths = [launch.config.checkpoint_dir, launch.output_dir, launch.code_dir]
+    assert all(os.path.isabs(p) and p.startswith(str(tmp_path / "state")) for p in paths), paths
+    manager.shutdown()

@@ -112,7 +112,9 @@ class Manager:
         self.store = store
         self.priors = FleetPriors(store)
         self.rescale_costs = RescaleCosts()  # what rescales cost here, from the runtime's records
-        self.workdir = Path(workdir)
+        # absolute: a job's tasks run where Ray puts them (in its copy of a shipped working_dir), and the
+        # checkpoint, output and code paths they are handed must still name this workdir
+        self.workdir = Path(workdir).resolve()
         self.runtime = runtime
         self.capacity = capacity
         # e.g. {"rescale_cost_s": 1.0}: what a rescale costs the elastic policy (see docs/scheduler.md)
@@ -136,7 +138,7 @@ class Manager:
         self.history = ClusterHistory(store)  # nodes over time and the latest rounds' moves (the dashboard)
         self.predicted: dict[str, float] = {}  # the speed model's samples/s at each running job's shape
         self.metrics = ManagerMetrics(self.metrics_snapshot)
-        self.admission = Admission(allow_programs, ShipPolicy.of(ship_roots, workdir), self.jobs)
+        self.admission = Admission(allow_programs, ShipPolicy.of(ship_roots, self.workdir), self.jobs)
         self.commands = Commands(
             store=store, jobs=self.jobs, lock=self._lock, wake=self.wake, clock=clock, workdir=self.workdir,
             runtime=runtime, capacity=capacity, admission=self.admission, reshape=self.reshape,
