@@ -223,6 +223,24 @@ def test_progress_resets_the_failure_count_and_a_program_error_fails_at_once(env
     assert manager.store.get_job("p").state == "failed"
 
 
+def test_a_job_that_fails_at_the_same_step_after_each_restart_fails_for_good(env):
+    manager, runtime, _ = env
+    runtime.checkpoint_every = 1000  # every start resumes from step 0 and fails where the first did
+    submit(manager, "f")
+    reached = []
+    for failures in range(1, MAX_FAILURES + 1):
+        manager.step()  # started (again)
+        manager.step()
+        manager.step()  # steps beyond its checkpoint, but no further than the run before reached
+        reached.append(runtime.latest("f").step)
+        runtime.latest("f").crash(f"UserCodeError: step {reached[-1]}: ValueError: bad batch")
+        manager.step()
+        manager.clock.t += RESTART_BACKOFF_S * failures
+    assert reached[0] > 0 and len(set(reached)) == 1
+    assert manager.store.get_job("f").state == "failed", kinds(manager, "f")
+    assert len(runtime.jobs["f"]) == MAX_FAILURES
+
+
 def test_a_job_that_can_never_fit_is_refused_and_one_that_no_longer_fits_says_why_once(env):
     manager, _, capacity = env
     with pytest.raises(UnschedulableError, match="a worker needs 16 CPU, the largest node has 8 CPU"):

@@ -153,8 +153,10 @@ def test_a_program_error_fails_at_once_and_progress_clears_the_count(parts):
     parts.run("p", (1, 1))
     handle = parts.run("q", (1, 1))
     assert parts.jobs.count_failure("p") == 1
-    parts.jobs.progressed("p")
+    parts.jobs.progressed("p", 5)
     assert parts.jobs.count_failure("p") == 1  # counted from its last progress
+    parts.jobs.progressed("p", 3)  # a step an earlier run reached: a run redoing it after a restart
+    assert parts.jobs.count_failure("p") == 2
     parts.jobs.stopped_by_failure("q", parts.jobs.live["q"], 200.0, "ProgramError: bad answer")
     assert parts.store.get_job("q").state == JobState.FAILED
     assert parts.jobs.in_use("q") and not handle.closed  # released: the loop's drain closes it

@@ -185,6 +185,9 @@ class FakeRuntime:
     noise_scale: float | None = None  # what every job reports as measured
     launch_s: float = 0.0  # see FakeJob.launch_s
     fail_start: str | None = None  # the next start raises JobFailedError with this text
+    #: a job checkpoints every this many steps: a start after the first resumes from the last
+    #: checkpoint the previous start reached, as the real runtime's restart does
+    checkpoint_every: int = 1
     jobs: dict[str, list[FakeJob]] = field(default_factory=dict)  # every start of every job, in order
 
     def describe(self, spec: JobSpec, code_dir: str | None = None) -> ProgramInfo:
@@ -206,7 +209,10 @@ class FakeRuntime:
             cross_cost=self.cross_cost,
             launch_s=self.launch_s,
         )
-        self.jobs.setdefault(launch.name, []).append(job)
+        starts = self.jobs.setdefault(launch.name, [])
+        if starts:
+            job.step = starts[-1].step // self.checkpoint_every * self.checkpoint_every
+        starts.append(job)
         return job
 
     def latest(self, name: str) -> FakeJob:

@@ -99,6 +99,7 @@ class JobTable:
         self._to_close: list[tuple[str, LiveJob]] = []  # handles to stop and release, drained by the loop
         self._closing: list[tuple[str, LiveJob]] = []  # being stopped and released now: their tasks still hold room
         self._failures: dict[str, int] = {}  # failures in a row with no progress, per job
+        self._furthest: dict[str, int] = {}  # the furthest step a run of the job reached, per job
         self._not_before: dict[str, float] = {}  # a job that failed starts again from then on
         self._unfit: dict[str, str] = {}  # the "cannot fit" message last stored per job
         self._admitted: set[str] = set()  # jobs whose code this manager checked it may run
@@ -162,6 +163,7 @@ class JobTable:
         self.rescale_costs.forget(name)
         self.waiting.pop(name, None)
         self._failures.pop(name, None)
+        self._furthest.pop(name, None)
         self._not_before.pop(name, None)
         self._unfit.pop(name, None)
 
@@ -219,9 +221,15 @@ class JobTable:
         """How many times the job failed since its last step of progress."""
         return self._failures.get(name, 0)
 
-    def progressed(self, name: str) -> None:
-        """The job made a step of progress: its earlier failures are behind it."""
-        self._failures.pop(name, None)
+    def progressed(self, name: str, step: int) -> None:
+        """The job trained ``step``: if no run of it got that far before, it made
+        progress and its earlier failures are behind it. A run started again
+        from a checkpoint redoes steps an earlier run made: those are no progress
+        (a job that fails at the same step each time fails for good after
+        MAX_FAILURES runs, not restarts forever)."""
+        if step > self._furthest.get(name, -1):
+            self._furthest[name] = step
+            self._failures.pop(name, None)
 
     def may_start(self, name: str, now: float) -> bool:
         """Whether a job may be started at ``now``: not while it backs off after a failure (:meth:`backoff`)."""

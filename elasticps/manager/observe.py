@@ -71,7 +71,7 @@ class Observer:
                         total = t.compute_s + t.pull_s + t.push_s + t.update_s + t.wait_s
                         if total > 0:
                             live.compute_share = t.compute_s / total
-                        jobs.progressed(name)
+                        jobs.progressed(name, w.last_step)
                 for text in st.events:
                     self.store.add_event(now, name, event_kind(text), text)
                     if text.partition(": ")[2].startswith("rescale to") and "failed" in text:
