@@ -109,6 +109,21 @@ def test_cancel_during_start_up_is_final(env):
     assert kinds(manager, "c").count("cancelled") == 1
 
 
+def test_an_ended_jobs_progress_is_shown_after_a_manager_restart(env, tmp_path):
+    from elasticps.manager.job_replies import job_json
+
+    manager, _, _ = env
+    submit(manager, "a")
+    for _ in range(40):
+        manager.step()
+    before = job_json(manager.store.get_job("a"), manager).progress
+    assert before is not None and before.step > 0
+    again = Manager(manager.store, tmp_path / "work", clock=Clock(), runtime=FakeRuntime(), capacity=FakeCapacity())
+    after = job_json(again.store.get_job("a"), again).progress  # neither polled nor ended here
+    assert after is not None and (after.step, after.epochs, after.loss) == (before.step, before.epochs, before.loss)
+    again.shutdown()
+
+
 def test_cancel_of_an_ended_job_is_refused_and_changes_nothing(env):
     manager, _runtime, _ = env
     submit(manager, "f")

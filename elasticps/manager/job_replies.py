@@ -48,6 +48,13 @@ def job_json(rec: JobRecord, manager: Manager) -> JobOut:
             metric=report.epoch_reports[-1].metric if report.epoch_reports else None,
             metrics=report.metrics[-1].values if report.metrics else {},
         )  # fmt: skip
+    else:  # neither polled nor ended here (the manager was restarted since): the progress the store kept
+        kept = manager.store.progress(rec.name)
+        if kept is not None and kept.get("step") is not None:
+            out.progress = Progress(
+                step=kept["step"], epoch=kept.get("epoch") or 0, epochs=rec.info.epochs if rec.info else 0,
+                samples_per_s=kept.get("samples_per_s"), loss=kept.get("loss"), metric=kept.get("metric"),
+            )  # fmt: skip
     return out
 
 
