@@ -280,6 +280,8 @@ def load_program(ref: Any, args: Mapping[str, Any] | None = None) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ProgramError(f"cannot import module {module_name!r} for program {ref!r}: {exc}") from exc
+    except Exception as exc:  # the module's own code raised while it was imported: the user's error, named
+        raise ProgramError(f"importing module {module_name!r} raised {type(exc).__name__}: {exc}") from exc
     try:
         obj = getattr(module, attr)
     except AttributeError as exc:

@@ -9,6 +9,7 @@ import pytest
 from elasticps.bench import chaos_bench
 from elasticps.bench.chaos.ledger import Probe
 from elasticps.bench.chaos_bench import ChaosConfig, Fault, Ledger, check
+from elasticps.errors import ConfigError
 
 
 def _event(job: str, kind: str, message: str, at: float = 0.0) -> dict:
@@ -78,7 +79,7 @@ def test_the_checks_find_every_kind_of_violation():
 
 
 def test_unknown_fault_kinds_are_refused():
-    with pytest.raises(ValueError, match="fault kinds must be among"):
+    with pytest.raises(ConfigError, match="fault kinds must be among"):
         chaos_bench.run(ChaosConfig(kinds=("kill_everything",)))
 
 

@@ -109,3 +109,28 @@ def test_the_server_listens_before_it_prints_its_address(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["server", "--port", "99999"],
+        ["server", "--num-cpus", "-2"],
+        ["server", "--interval-s", "0"],
+        ["server", "--shutdown-timeout-s", "-1"],
+        ["server", "--rescale-cost-s", "-1"],
+        ["status", "--watch", "-1"],
+        ["demo", "--epochs", "0"],
+        ["bench", "scheduler", "--rounds", "0"],
+        ["bench", "scheduler", "--jobs", "-3"],
+        ["bench", "manager", "--active", "0"],
+        ["bench", "manager", "--ended", "-5"],
+        ["bench", "chaos", "--faults", "0"],
+        ["bench", "batches", "--seeds", "0"],
+    ],
+)
+def test_a_value_out_of_range_is_refused_before_anything_starts(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    option = next(a for a in argv if a.startswith("--"))
+    assert exc.value.code == 2 and f"argument {option}: expected" in capsys.readouterr().err

@@ -57,6 +57,8 @@ def test_submit_list_get_cancel_events_metrics(server):
     kinds = [(e["job"], e["kind"]) for e in client.get("/events").json()]
     assert kinds == [("job-1", "submitted"), ("job-2", "submitted"), ("job-1", "cancelled")]
     assert len(client.get("/events", params={"after": 2}).json()) == 1
+    assert [e["kind"] for e in client.get("/events", params={"job": "job-1"}).json()] == ["submitted", "cancelled"]
+    assert client.get("/events", params={"job": "no-such-job"}).status_code == 404
     # query figures beyond what the database holds are the client's error, not the server's
     for path, params in [
         ("/events", {"after": "99999999999999999999"}),

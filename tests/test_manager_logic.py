@@ -297,6 +297,13 @@ def test_limits_go_through_validation(env):
     assert (rec.spec.workers.min, rec.spec.workers.max) == (1, 2)
     with pytest.raises(ValueError, match="min"):
         manager.set_limits("lim", LimitsPatch(workers=Range(min=3)))
+    # limits this cluster can never hold are refused, as at submit (FakeCapacity: one node of 8 CPU)
+    with pytest.raises(UnschedulableError, match="can never run on this cluster"):
+        manager.set_limits("lim", LimitsPatch(ps=Range(min=20, max=20)))
+    assert manager.store.get_job("lim").spec.ps.min == 1
+    manager.cancel("lim")
+    with pytest.raises(IllegalTransition, match="'lim' is cancelled: its limits no longer change"):
+        manager.set_limits("lim", LimitsPatch(workers=Range(max=3)))
 
 
 def test_allow_list_of_program_modules(tmp_path):

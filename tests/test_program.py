@@ -98,3 +98,10 @@ def test_load_program_passes_arguments_to_a_factory():
         load_program("elasticps.examples.digits:cnn_program", {"epoch": 7})
     with pytest.raises(ProgramError, match="is not a factory"):
         load_program(digits.program(), {"epochs": 7})
+
+
+def test_a_module_that_raises_while_imported_is_a_program_error_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('no config file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ProgramError, match="importing module 'raises_on_import' raised RuntimeError: no config file"):
+        load_program("raises_on_import:program")

@@ -45,6 +45,7 @@ from elasticps.bench.chaos import jobs, kills, store
 from elasticps.bench.chaos.invariants import ENDED, check
 from elasticps.bench.chaos.ledger import Fault, Ledger
 from elasticps.bench.chaos.server import ManagerProcess, ray_auth
+from elasticps.errors import ConfigError
 
 __all__ = ["FAULTS", "Chaos", "ChaosConfig", "Fault", "Ledger", "check", "run"]
 
@@ -96,7 +97,7 @@ def run(cfg: ChaosConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Start the cluster and the manager, inject ``cfg.faults`` faults, check the invariants."""
     unknown = set(cfg.kinds) - set(FAULTS)
     if unknown or not cfg.kinds:
-        raise ValueError(f"fault kinds must be among {', '.join(FAULTS)}; got {sorted(unknown) or 'none'}")
+        raise ConfigError(f"fault kinds must be among {', '.join(FAULTS)}; got {sorted(unknown) or 'none'}")
     work = Path(tempfile.mkdtemp(prefix="elasticps-chaos-"))
     auth = ray_auth(work)
     import ray

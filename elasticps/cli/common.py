@@ -70,6 +70,14 @@ positive_float = _number(float, 0.0, True, "a number above 0")
 nonnegative_float = _number(float, 0.0, False, "a number, 0 or more")
 
 
+def port(text: str) -> int:
+    """A TCP port, 0-65535 (0: any free one)."""
+    value = nonnegative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port, 0-65535, got {text!r}")
+    return value
+
+
 def share_of_jobs(text: str) -> float:
     """A share, 0..1."""
     value = nonnegative_float(text)

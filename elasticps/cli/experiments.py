@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticps.cli.common import POLICIES, nonnegative_int, positive_float, positive_int, write_json
+from elasticps.sim.truth import GRID_PATH
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -297,7 +298,9 @@ def add_parsers(sub: Any) -> None:
         default=1,
         help="run the list this many times, each time starting one further along it; the table adds medians",
     )
-    demo.add_argument("--epochs", type=int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)")
+    demo.add_argument(
+        "--epochs", type=positive_int, help="epochs of the shortest job (others 4/3 and 5/3 of it; default 30)"
+    )
     demo.add_argument(
         "--lr", type=float, help="the jobs' SGD learning rate at batch 128 (default 0.05; lower: longer to the target)"
     )
@@ -350,23 +353,27 @@ def add_parsers(sub: Any) -> None:
         "--embedding-rows", type=positive_int, help="peers: the embedding table's rows (1000000; 16 floats each)"
     )
     bench.add_argument("--plot", default="out/bench-peers.png", help="peers: where to write the plot")
-    bench.add_argument("--jobs", type=int, default=1000, help="scheduler: number of jobs")
-    bench.add_argument("--nodes", type=int, default=256, help="scheduler: number of nodes")
-    bench.add_argument("--rounds", type=int, default=21, help="scheduler: decisions timed; manager: rounds timed")
-    bench.add_argument("--ended", type=int, default=2000, help="manager: ended jobs in the store")
-    bench.add_argument("--active", type=int, default=20, help="manager: active jobs")
-    bench.add_argument("--policy", default="elastic", help="scheduler: policy to time")
+    bench.add_argument("--jobs", type=positive_int, default=1000, help="scheduler: number of jobs (1000)")
+    bench.add_argument("--nodes", type=positive_int, default=256, help="scheduler: number of nodes (256)")
+    bench.add_argument(
+        "--rounds", type=positive_int, default=21, help="scheduler: decisions timed; manager: rounds timed (21)"
+    )
+    bench.add_argument("--ended", type=nonnegative_int, default=2000, help="manager: ended jobs in the store (2000)")
+    bench.add_argument("--active", type=positive_int, default=20, help="manager: active jobs (20)")
+    bench.add_argument("--policy", default="elastic", help="scheduler: policy to time (elastic)")
     bench.add_argument(
         "--joint-trades", type=nonnegative_int, metavar="N",
         help="scheduler: the elastic policy's joint search, at most N trades a round (default: the policy's, none)",
     )  # fmt: skip
     bench.add_argument("--scaling", action="store_true", help="scheduler: also time a grid of sizes")
-    bench.add_argument("--faults", type=int, default=50, help="chaos: faults to inject")
+    bench.add_argument("--faults", type=positive_int, default=50, help="chaos: faults to inject (50)")
     bench.add_argument("--seed", type=int, default=0, help="chaos: seed of the fault sequence")
-    bench.add_argument("--nodes-ray", type=int, default=3, help="chaos: Ray nodes (raylets) to start here")
+    bench.add_argument("--nodes-ray", type=positive_int, default=3, help="chaos: Ray nodes (raylets) to start here (3)")
     bench.add_argument("--kinds", help="chaos: comma-separated fault kinds (default: all)")
     bench.add_argument(
-        "--grid", default="docs/results/bench-shapes.json", help="explore: a measured grid from 'bench shapes'"
+        "--grid",
+        default=str(GRID_PATH),
+        help="explore: a measured grid from 'bench shapes' (the one docs/results/bench-shapes.json holds)",
     )
     bench.add_argument(
         "--model", choices=["mlp10m", "transformer2m", "embedding16m"],
@@ -382,11 +389,15 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument(
         "--heatmap", metavar="PNG", help="explore: also draw the grid, its best and the walks' choices here"
     )
-    bench.add_argument("--probes", default="3,5,8", help="explore: report the choice after this many probes")
+    bench.add_argument("--probes", default="3,5,8", help="explore: report the choice after this many probes (3,5,8)")
     bench.add_argument("--batches", default="128,256,512", help="batches: the global batches to train at")
-    bench.add_argument("--seeds", type=int, default=3, help="batches: seeds (data order and init) per batch")
-    bench.add_argument("--target", type=float, default=0.98, help="batches: the held-out accuracy to reach")
-    bench.add_argument("--lr", type=float, default=0.02, help="batches: learning rate at batch 128 (sqrt-scaled)")
+    bench.add_argument(
+        "--seeds", type=positive_int, default=3, help="batches: seeds (data order and init) per batch (3)"
+    )
+    bench.add_argument("--target", type=float, default=0.98, help="batches: the held-out accuracy to reach (0.98)")
+    bench.add_argument(
+        "--lr", type=positive_float, default=0.02, help="batches: learning rate at batch 128, sqrt-scaled (0.02)"
+    )
     bench.add_argument(
         "--json", nargs="?", const="", default="", help="also write the JSON to this path (it is always printed)"
     )

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticps.cli.common import dump, plain, task_range
+from elasticps.cli.common import dump, plain, positive_float, task_range
 from elasticps.cli.follow import print_line, print_output, wait
 from elasticps.cli.readable import describe_text, event_line
 from elasticps.tables import format_table
@@ -209,7 +209,9 @@ def add_parsers(sub: Any) -> None:
                 "--progress", action="store_true", help="instead: its progress log (windows, epochs, runtime events)"
             )
         if name == "status":
-            c.add_argument("--watch", type=float, nargs="?", const=2.0, help="redraw every N seconds (default 2)")
+            c.add_argument(
+                "--watch", type=positive_float, nargs="?", const=2.0, help="redraw every N seconds (default 2)"
+            )
             c.add_argument("--active", action="store_true", help="only pending and running jobs")
             c.add_argument(
                 "--state", choices=["pending", "running", "finished", "failed", "cancelled"], help="only jobs in it"

@@ -10,7 +10,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from elasticps.cli.common import OBJECTIVE_HELP, PLACEMENT_HELP, POLICY_HELP, THRESHOLD_HELP, default_workdir
+from elasticps.cli.common import (
+    OBJECTIVE_HELP,
+    PLACEMENT_HELP,
+    POLICY_HELP,
+    THRESHOLD_HELP,
+    default_workdir,
+    nonnegative_float,
+    port,
+    positive_float,
+    positive_int,
+)
 
 
 def _ship_roots(text: str | None) -> tuple[str, ...] | None:
@@ -147,7 +157,7 @@ def add_parsers(sub: Any) -> None:
         "(default $ELASTICPS_WORKDIR or elasticps-state)",
     )
     server.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine)")
-    server.add_argument("--port", type=int, default=8470, help="port to listen on (default 8470)")
+    server.add_argument("--port", type=port, default=8470, help="port to listen on, 0-65535 (default 8470)")
     server.add_argument(
         "--token", help="the API's bearer token (default $ELASTICPS_TOKEN, else WORKDIR/token, made at first start)"
     )
@@ -169,14 +179,21 @@ def add_parsers(sub: Any) -> None:
         help="a Host name clients may use besides loopback and --host (repeatable; '*' for any)",
     )
     server.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
-    server.add_argument("--num-cpus", type=int, help="logical CPUs of the embedded local Ray cluster")
-    server.add_argument("--interval-s", type=float, default=10.0, help="scheduling interval")
     server.add_argument(
-        "--shutdown-timeout-s", type=float, default=20.0, help="on exit, give up stopping jobs after this long"
+        "--num-cpus", type=positive_int, help="logical CPUs of the embedded local Ray cluster (default: this machine's)"
+    )
+    server.add_argument(
+        "--interval-s", type=positive_float, default=10.0, help="scheduling interval, seconds (default 10)"
+    )
+    server.add_argument(
+        "--shutdown-timeout-s",
+        type=nonnegative_float,
+        default=20.0,
+        help="on exit, give up stopping jobs after this many seconds (default 20)",
     )
     server.add_argument(
         "--rescale-cost-s",
-        type=float,
+        type=nonnegative_float,
         help="elastic: seconds a rescale is taken to cost (default 10; measured pauses here are < 1 s)",
     )
     server.add_argument(

@@ -145,6 +145,8 @@ def create_app(manager: Manager, token: str, allowed_hosts: frozenset[str] | set
 
     @app.get("/events", dependencies=deps, response_model=list[EventOut], responses=ERRORS)
     def events(job: str | None = Query(None, max_length=63), after: int = Query(0, ge=0, le=MAX_INT)) -> list[EventOut]:
+        if job is not None:
+            job_or_404(job)  # a name with no job has no events to show, and says so: not an empty list
         rows = manager.store.events(job, after)
         return [EventOut(id=i, at=at, job=j, kind=kind, message=msg) for i, at, j, kind, msg in rows]
 

@@ -96,12 +96,14 @@ class Commands:
         if problem is not None:
             raise UnschedulableError(f"job {spec.name!r} can never run on this cluster: {problem}")
 
-    def set_limits(self, name: str, patch: LimitsPatch) -> JobRecord:
-        """Change a job's min/max PS and workers; the next round honours them."""
+    def set_limits(self, name: str, patch: LimitsPatch, nodes_fixed: bool = True) -> JobRecord:
+        """Change a job's min/max PS and workers; the next round honours them.
+        With ``nodes_fixed``, limits the cluster can never hold are refused, as at submit."""
         with self.lock:
             rec = self.store.get_job(name)
             if JobState(rec.state).ended:
-                raise IllegalTransition(name, JobState(rec.state), JobState(rec.state))
+                state = JobState(rec.state)
+                raise IllegalTransition(name, state, state, f"job {name!r} is {state}: its limits no longer change")
             update: dict[str, Any] = {}
             for kind in ("ps", "workers"):
                 part = getattr(patch, kind)
@@ -109,6 +111,8 @@ class Commands:
                     cur: TaskSpec = getattr(rec.spec, kind)
                     update[kind] = {**cur.model_dump(), **part.model_dump(exclude_none=True)}
             spec: JobSpec = validate_as(JobSpec, {**rec.spec.model_dump(), **update}, "job spec")
+            if nodes_fixed:
+                self._check_fits(spec)
             now = self.clock()
             self.store.update_spec(spec, now)
             self.store.add_event(

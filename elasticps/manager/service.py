@@ -158,7 +158,7 @@ class Manager:
 
     def set_limits(self, name: str, patch: LimitsPatch) -> JobRecord:
         """Change a job's min/max PS and workers; the next round honours them."""
-        return self.commands.set_limits(name, patch)
+        return self.commands.set_limits(name, patch, nodes_fixed=self.growth is None)
 
     def cancel(self, name: str) -> JobRecord:
         """Cancel for good (idempotent). The job's tasks stop within a round;

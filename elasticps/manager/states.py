@@ -54,9 +54,9 @@ TRANSITIONS: dict[tuple[JobState, JobState], str] = {
 class IllegalTransition(ElasticPSError):
     """A change of state that the table does not allow."""
 
-    def __init__(self, job: str, current: JobState, wanted: JobState) -> None:
+    def __init__(self, job: str, current: JobState, wanted: JobState, message: str | None = None) -> None:
         self.job, self.current, self.wanted = job, current, wanted
-        super().__init__(f"job {job!r} is {current}; it cannot become {wanted}")
+        super().__init__(message or f"job {job!r} is {current}; it cannot become {wanted}")
 
 
 class JobInUse(ElasticPSError):
