@@ -92,3 +92,22 @@ def test_a_program_shipped_in_a_working_dir_runs_on_a_multi_node_cluster(ray_clu
             guarded.submit(parse_spec(json.dumps(allowed), "json"))
     finally:
         guarded.shutdown()
+
+
+def test_a_program_fixed_and_described_again_is_read_afresh(ray_cluster, tmp_path):
+    # a user fixes their module and submits again: the description is of the file as it is now
+    from elasticps.manager.ray_runtime import _describe, _fetch
+    from elasticps.manager.runtime import ProgramInfo
+    from elasticps.manager.wire import decode
+
+    env = {"env_vars": {"PYTHONPATH": str(tmp_path)}}  # the same environment: Ray would reuse its process
+
+    def described() -> str:
+        ref = _describe.options(runtime_env=env).remote("fixed_again:program", {})
+        return decode(ProgramInfo, _fetch(ref, "the description", 120), "the description").name
+
+    module = tmp_path / "fixed_again.py"
+    module.write_text("from elasticps.examples import digits\nprogram = digits.program()\n")
+    first = described()
+    module.write_text("from elasticps.examples import digits\nprogram = digits.cnn_program()\n")
+    assert (first, described()) == ("digits-mlp", "digits-cnn")

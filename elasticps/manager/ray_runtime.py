@@ -70,7 +70,9 @@ def _here() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
-@ray.remote(num_cpus=0)
+# a process of its own each time (max_calls=1): a reused worker keeps the modules it imported, so a
+# program fixed and submitted again would be described as it was
+@ray.remote(num_cpus=0, max_calls=1)
 def _describe(program: str, args: dict) -> bytes:
     from elasticps.manager.describe import describe_program
 
