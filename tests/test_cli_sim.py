@@ -86,3 +86,8 @@ def test_tick_rounds_only_reaches_the_simulator_and_changes_the_run(tmp_path):
     two, ticks = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "ticks"))
     assert two["config"]["event_rounds"] is True and ticks["config"]["event_rounds"] is False
     assert two["avg_jct_s"] < ticks["avg_jct_s"]  # jobs start as room frees, not at the next tick
+
+
+def test_gpu_jobs_without_gpu_nodes_say_which_option_is_missing(capsys):
+    assert main(["sim", "--gpu-jobs", "0.5", "--jobs", "5"]) == 2
+    assert "give the nodes GPUs too (--node-gpu N)" in capsys.readouterr().err

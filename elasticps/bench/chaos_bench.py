@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import tempfile
 import time
@@ -112,6 +113,7 @@ def run(cfg: ChaosConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
         say("chaos: cannot mount a tmpfs here (root needed): no full_disk faults")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     server: ManagerProcess | None = None
+    clean = False  # a run that ended with every invariant held leaves nothing behind; another keeps its folder
     try:
         for _ in range(cfg.nodes):
             cluster.add_node(num_cpus=cfg.cpus_per_node)
@@ -139,6 +141,7 @@ def run(cfg: ChaosConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
             job_list_reads_over_30s=server.slow_reads,
             elapsed_s=round(time.monotonic() - t0, 1),
         )
+        clean = result["invariants_violated"] == 0
         return result
     finally:
         if server is not None:
@@ -146,6 +149,10 @@ def run(cfg: ChaosConfig, say: Callable[[str], None] = print) -> dict[str, Any]:
         cluster.shutdown()
         if mounted:
             store.unmount_disk(work / "manager")
+        if clean:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            say(f"chaos: its manager's workdir and logs are kept in {work}")
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

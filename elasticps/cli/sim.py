@@ -94,6 +94,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--interarrival-s shapes a generated workload: not with --workload or --trace")
     if args.adaptive_jobs and (args.trace or args.workload_shape == "trace"):
         raise ConfigError("--adaptive-jobs applies to the synthetic workload only")
+    if args.gpu_jobs and not args.node_gpu:
+        raise ConfigError("--gpu-jobs makes GPU jobs: give the nodes GPUs too (--node-gpu N)")
     if args.trace:
         from elasticps.sim.traces import load_trace_csv
 
