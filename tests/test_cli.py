@@ -134,3 +134,42 @@ def test_a_value_out_of_range_is_refused_before_anything_starts(capsys, argv):
         main(argv)
     option = next(a for a in argv if a.startswith("--"))
     assert exc.value.code == 2 and f"argument {option}: expected" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_module_in_the_servers_own_folder_is_not_what_its_jobs_import(tmp_path):
+    """Ray puts its driver's folder on every job process's path, ahead of a job's shipped
+    working_dir: a job would run the server folder's copy of a module, not the one pinned
+    at its submit. Started in a folder holding a module, the server's jobs do not see it."""
+    import os
+    import signal
+
+    import httpx
+
+    from tests.helpers import server_url
+
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "servers_copy.py").write_text("from elasticps.examples import digits\nprogram = digits.program()\n")
+    token = "c" * 64
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "ELASTICPS_TOKEN": token}
+    args = ["server", "--workdir", str(tmp_path / "state"), "--port", "0", "--num-cpus", "2"]
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "elasticps", *args], cwd=here, stdout=out, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"}
+        body = "name: shadow\nprogram: servers_copy:program\n"
+        answer = httpx.post(f"{server_url(log, proc)}/jobs", content=body, headers=headers, timeout=120)
+        assert answer.status_code == 400, answer.text
+        assert "cannot import module 'servers_copy'" in answer.text and "--working-dir" in answer.text, answer.text
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -98,7 +98,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     from elasticps.manager import Store
     from elasticps.manager.api import LOOPBACK_HOSTS, create_app
     from elasticps.manager.service import Manager
-    from elasticps.raycluster import ensure_ray
+    from elasticps.raycluster import driver_directory, ensure_ray
     from elasticps.sched import make_policy
 
     options: dict[str, float] = {"rescale_cost_s": args.rescale_cost_s} if args.rescale_cost_s is not None else {}
@@ -107,7 +107,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     make_policy(args.policy, objective=args.objective, **options)  # an option it lacks: refused before Ray starts
     listener = _listen(args.host, args.port)  # a port in use: refused before Ray starts
     port = listener.getsockname()[1]
-    ensure_ray(args.ray_address, num_cpus=args.num_cpus)
+    # Ray puts its driver's directory on the path of every process of every job, ahead of a job's shipped
+    # working_dir: started from a folder that holds a module of the same name, the job would run that
+    # copy, not the code pinned at its submit. From an empty folder of its own there is none to find.
+    empty = workdir / ".ray-driver"  # no job's name: those start with a letter or digit
+    empty.mkdir(exist_ok=True)  # 0700: secure_workdir's umask
+    with driver_directory(empty):
+        ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
         Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options,

@@ -333,7 +333,14 @@ class RayJobRuntime:
             ray.cancel(ref, force=True)
             raise ProgramError(f"resolving {spec.program!r} took longer than {DESCRIBE_TIMEOUT_S:g} s") from None
         except ElasticPSError as exc:  # the user's own error type, or the task's process lost
-            raise ProgramError(with_trace(exc)) from None
+            text = with_trace(exc)
+            if "cannot import module" in text and not (spec.runtime_env and spec.runtime_env.working_dir):
+                text += (
+                    " (the job's processes import what is installed where they run, and what the job ships: "
+                    "code of your own goes with the job, `elasticps submit --working-dir DIR` or "
+                    "runtime_env.working_dir)"
+                )
+            raise ProgramError(text) from None
         return decode(ProgramInfo, data, "the program's description")
 
     def start(self, launch: Launch) -> RayJobHandle:
