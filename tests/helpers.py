@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -146,6 +147,16 @@ def serve_api(manager, token: str = "s3cret"):
 
     with serve_app(create_app(manager, token=token)) as url:
         yield url
+
+
+def stop_session(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """SIGTERM the process group of ``proc`` (started with ``start_new_session``), SIGKILL it after ``timeout_s``."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def server_url(log_path, proc: subprocess.Popen, timeout_s: float = 120.0) -> str:

@@ -87,8 +87,9 @@ def test_the_server_listens_before_it_prints_its_address(tmp_path):
     queued, never refused (the walkthrough's submit came right after that line)."""
     import os
     import re
-    import signal
     import socket
+
+    from tests.helpers import stop_session
 
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     args = ["server", "--workdir", str(tmp_path / "state"), "--port", "0", "--num-cpus", "1"]
@@ -103,12 +104,7 @@ def test_the_server_listens_before_it_prints_its_address(tmp_path):
         with socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=10):
             pass
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_session(proc)
 
 
 @pytest.mark.parametrize(
@@ -142,11 +138,10 @@ def test_a_module_in_the_servers_own_folder_is_not_what_its_jobs_import(tmp_path
     working_dir: a job would run the server folder's copy of a module, not the one pinned
     at its submit. Started in a folder holding a module, the server's jobs do not see it."""
     import os
-    import signal
 
     import httpx
 
-    from tests.helpers import server_url
+    from tests.helpers import server_url, stop_session
 
     here = tmp_path / "project"
     here.mkdir()
@@ -167,9 +162,4 @@ def test_a_module_in_the_servers_own_folder_is_not_what_its_jobs_import(tmp_path
         assert answer.status_code == 400, answer.text
         assert "cannot import module 'servers_copy'" in answer.text and "--working-dir" in answer.text, answer.text
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_session(proc)
