@@ -148,28 +148,3 @@ def test_acknowledged_writes_survive_sigkill(tmp_path):
     messages = [int(e[4]) for e in Store(db).events()]
     assert acked >= 200
     assert messages[: acked + 1] == list(range(acked + 1))  # every acknowledged write is there, in order
-
-
-def test_a_batch_of_writes_is_seen_by_other_readers_at_once_and_stands_if_the_block_raises(tmp_path):
-    store = Store(tmp_path / "m.db")
-    other = sqlite3.connect(tmp_path / "m.db")  # another reader (the CLI, a second process)
-
-    def seen() -> int:
-        return other.execute("SELECT COUNT(*) FROM events").fetchone()[0]
-
-    with store.batch():
-        store.add_event(1.0, None, "info", "one")
-        store.add_event(2.0, None, "info", "two")
-        assert seen() == 0  # not committed yet
-    assert seen() == 2
-    with pytest.raises(RuntimeError), store.batch():
-        store.add_event(3.0, None, "info", "three")
-        raise RuntimeError("a poll's figures broke")
-    assert seen() == 3  # written before the error: kept, as one write at a time would have been
-    # a write that opens its own transaction is refused inside, and the batch ends
-    with store.batch(), pytest.raises(sqlite3.OperationalError):
-        store.add_job(parse_spec("name: j\nprogram: elasticps.examples.digits:program\n"), 4.0)
-    store.add_event(5.0, None, "info", "after")
-    assert seen() == 4
-    other.close()
-    store.close()

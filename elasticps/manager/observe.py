@@ -59,37 +59,35 @@ class Observer:
                 jobs.retire(name, live, JobState.FAILED, now, f"job failed: {bad}")
                 news = True
                 continue
-            with self.store.batch():  # this poll's writes, one commit
-                for w, end in zip(st.windows, window_ends(st.windows, now), strict=True):
-                    if w.last_step > live.last_step:
-                        self.store.record_observation(
-                            name, end, w.num_ps, w.num_workers, w.samples_per_s, w.batch_size, w.nodes, w.cross,
-                            step=w.last_step, epoch=st.epoch, loss=w.loss, metric=st.metric,
-                        )  # fmt: skip
-                        live.last_step = w.last_step
-                        t = w.mean_step_times
-                        total = t.compute_s + t.pull_s + t.push_s + t.update_s + t.wait_s
-                        if total > 0:
-                            live.compute_share = t.compute_s / total
-                        jobs.progressed(name, w.last_step)
-                for text in st.events:
-                    self.store.add_event(now, name, event_kind(text), text)
-                    if text.partition(": ")[2].startswith("rescale to") and "failed" in text:
-                        live.asked, live.asked_placement = (st.num_ps, st.num_workers), dict(st.placement)
-                live.events_seen = st.events_total
-                if st.windows or st.ended:
-                    self._keep_progress(name, st)
-                self._count_rescales(name, st, now)
-                live.rescales_seen = st.rescales_total
-                applied = (st.num_ps, st.num_workers, st.placement)
-                if st.state == "running" and st.num_ps and applied != live.applied:
-                    self.store.record_allocation(name, now, *applied)
-                    live.applied = applied
-                elif st.ended and st.num_ps and live.applied is None and st.windows:
-                    # it ran and ended between two polls: its shape from when its first window began
-                    began = window_ends(st.windows, now)[0] - st.windows[0].elapsed_s
-                    self.store.record_allocation(name, began, *applied)
-                    live.applied = applied
+            for w, end in zip(st.windows, window_ends(st.windows, now), strict=True):
+                if w.last_step > live.last_step:
+                    self.store.record_observation(
+                        name, end, w.num_ps, w.num_workers, w.samples_per_s, w.batch_size, w.nodes, w.cross,
+                        step=w.last_step, epoch=st.epoch, loss=w.loss, metric=st.metric,
+                    )  # fmt: skip
+                    live.last_step = w.last_step
+                    t = w.mean_step_times
+                    total = t.compute_s + t.pull_s + t.push_s + t.update_s + t.wait_s
+                    if total > 0:
+                        live.compute_share = t.compute_s / total
+                    jobs.progressed(name, w.last_step)
+            for text in st.events:
+                self.store.add_event(now, name, event_kind(text), text)
+                if text.partition(": ")[2].startswith("rescale to") and "failed" in text:
+                    live.asked, live.asked_placement = (st.num_ps, st.num_workers), dict(st.placement)
+            live.events_seen = st.events_total
+            if st.windows or st.ended:
+                self._keep_progress(name, st)
+            self._count_rescales(name, st, now)
+            live.rescales_seen = st.rescales_total
+            applied = (st.num_ps, st.num_workers, st.placement)
+            if st.state == "running" and st.num_ps and applied != live.applied:
+                self.store.record_allocation(name, now, *applied)
+                live.applied = applied
+            elif st.ended and st.num_ps and live.applied is None and st.windows:
+                # it ran and ended between two polls: its shape from when its first window began
+                self.store.record_allocation(name, window_ends(st.windows, now)[0] - st.windows[0].elapsed_s, *applied)
+                live.applied = applied
             if st.ended:
                 if st.state == "finished":
                     metric = f", metric {st.metric:.6g}" if st.metric is not None else ""

@@ -110,19 +110,6 @@ class Store:
                 raise
             self._db.execute("COMMIT")
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Single writes inside, committed together: each commits, and syncs to
-        disk, on its own otherwise, and a round writes several per job. What was
-        written stands if the block raises, as it would have one write at a time.
-        Not for writes that open a transaction of their own (``transition``)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            finally:
-                self._db.execute("COMMIT")
-
     # -- the cluster view's history (the dashboard's; elasticps.manager.history)
     def add_cluster_entry(self, kind: str, at: float, body: dict, keep: int) -> None:
         """Append one entry of ``kind`` (a node sample, a round's moves); keep the newest ``keep`` of that kind."""
