@@ -105,3 +105,21 @@ def test_a_module_that_raises_while_imported_is_a_program_error_naming_it(tmp_pa
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ProgramError, match="importing module 'raises_on_import' raised RuntimeError: no config file"):
         load_program("raises_on_import:program")
+
+
+def test_a_description_imports_the_programs_own_modules_afresh_and_nothing_else(tmp_path, monkeypatch):
+    import sys
+
+    import numpy
+
+    from elasticps.manager.describe import forget_own_modules
+
+    (tmp_path / "users_own.py").write_text("VERSION = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import users_own  # noqa: F401
+
+    forget_own_modules("users_own:program")
+    assert "users_own" not in sys.modules  # read from its file again at the next import
+    for installed in ("elasticps.examples.digits:program", "numpy.linalg:norm"):
+        forget_own_modules(installed)
+    assert "elasticps.examples.digits" in sys.modules and sys.modules["numpy"] is numpy

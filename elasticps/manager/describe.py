@@ -10,6 +10,8 @@ cluster. One sample keeps it cheap; the caller bounds its time.
 
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ from elasticps.runtime.data import fetch_batch, forward
 
 def describe_program(program: str, args: dict[str, Any]) -> dict[str, Any]:
     """The program's :class:`ProgramInfo` fields, as plain data, once it has trained on one sample."""
+    forget_own_modules(program)
     p = load_program(program, args)
     # the program's own figures cross to the manager: they must be built-in values, not look-alikes
     info = plain(
@@ -67,3 +70,20 @@ def _what(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
     return type(value).__name__
+
+
+def forget_own_modules(program: str) -> None:
+    """Ray runs the descriptions in processes it reuses, which keep what they
+    imported: a program fixed and submitted again would be described as it was.
+    The program's own package, if it is read from files of the user's (not
+    installed, not elasticps), is imported afresh; what it imports stays (torch)."""
+    top = program.partition(":")[0].split(".")[0]
+    if top == "elasticps":
+        return
+    names = [n for n in sys.modules if n == top or n.startswith(top + ".")]
+    files = [getattr(sys.modules[n], "__file__", None) or "" for n in names]
+    if any(part in f for f in files for part in ("site-packages", "dist-packages")):
+        return  # installed: it changes by an install, which a new process sees
+    for name in names:
+        del sys.modules[name]
+    importlib.invalidate_caches()

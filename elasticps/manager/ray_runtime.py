@@ -70,9 +70,7 @@ def _here() -> NodeAffinitySchedulingStrategy:
     return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
 
 
-# a process of its own each time (max_calls=1): a reused worker keeps the modules it imported, so a
-# program fixed and submitted again would be described as it was
-@ray.remote(num_cpus=0, max_calls=1)
+@ray.remote(num_cpus=0)  # in a process Ray reuses: describe_program imports the program's own modules afresh
 def _describe(program: str, args: dict) -> bytes:
     from elasticps.manager.describe import describe_program
 
