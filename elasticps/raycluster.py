@@ -9,29 +9,14 @@ dashboard is off.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 log = logging.getLogger("elasticps")
 
 #: Read by Ray at import: "0" makes the node's address loopback (a one-machine cluster).
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-@contextlib.contextmanager
-def driver_directory(path: Path) -> Iterator[None]:
-    """The current directory is ``path`` while the block runs (while Ray is started in it:
-    Ray adds its driver's directory to the path of every task and actor it runs)."""
-    here = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(here)
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:

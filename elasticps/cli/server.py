@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import socket
@@ -98,7 +99,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     from elasticps.manager import Store
     from elasticps.manager.api import LOOPBACK_HOSTS, create_app
     from elasticps.manager.service import Manager
-    from elasticps.raycluster import driver_directory, ensure_ray
+    from elasticps.raycluster import ensure_ray
     from elasticps.sched import make_policy
 
     options: dict[str, float] = {"rescale_cost_s": args.rescale_cost_s} if args.rescale_cost_s is not None else {}
@@ -112,7 +113,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     # copy, not the code pinned at its submit. From an empty folder of its own there is none to find.
     empty = workdir / ".ray-driver"  # no job's name: those start with a letter or digit
     empty.mkdir(exist_ok=True)  # 0700: secure_workdir's umask
-    with driver_directory(empty):
+    with contextlib.chdir(empty):
         ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
