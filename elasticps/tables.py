@@ -1,4 +1,4 @@
-"""Plain-text tables for terminals (the CLI and the demo)."""
+"""Plain text for terminals (the CLI, the manager's events, the demo): tables, and a shape in words."""
 
 from __future__ import annotations
 
@@ -11,3 +11,8 @@ def format_table(rows: Sequence[Sequence[object]], header: Sequence[str]) -> str
     lines = ["  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
+
+
+def shape_text(ps: int, workers: int) -> str:
+    """A job's shape in words: ``2 PS x 1 worker``, ``1 PS x 4 workers``."""
+    return f"{ps} PS x {workers} worker{'' if workers == 1 else 's'}"

@@ -117,6 +117,7 @@ def test_the_server_listens_before_it_prints_its_address(tmp_path):
         ["server", "--rescale-cost-s", "-1"],
         ["status", "--watch", "-1"],
         ["demo", "--epochs", "0"],
+        ["train", "elasticps.examples.digits:program", "--max-steps", "0"],
         ["bench", "scheduler", "--rounds", "0"],
         ["bench", "scheduler", "--jobs", "-3"],
         ["bench", "manager", "--active", "0"],
@@ -163,3 +164,13 @@ def test_a_module_in_the_servers_own_folder_is_not_what_its_jobs_import(tmp_path
         assert "cannot import module 'servers_copy'" in answer.text and "--working-dir" in answer.text, answer.text
     finally:
         stop_session(proc)
+
+
+@pytest.mark.parametrize("argv", [["status", "--bogus"], ["submit", "job.yaml", "--bogus", "1"], ["sim", "--bogus"]])
+def test_an_unknown_option_is_refused_with_its_own_commands_usage(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith(f"usage: elasticps {argv[0]} ")
+    assert f"elasticps {argv[0]}: error: unrecognized arguments: --bogus" in err

@@ -121,10 +121,10 @@ def test_bench_shapes_command_checks_its_options_before_starting_anything(capsys
 
 
 def test_every_bench_option_names_the_benchmarks_it_is_for():
-    from elasticps.cli.experiments import _BENCH_OPTIONS, bench_parser
-    from elasticps.cli.main import build_parser
+    from elasticps.cli.experiments import _BENCH_OPTIONS
+    from elasticps.cli.main import build_parser, subcommand
 
-    bench = bench_parser(build_parser())
+    bench = subcommand(build_parser(), "bench")
     benchmarks = set(next(a for a in bench._actions if a.dest == "what").choices)
     assert {a.dest for a in bench._actions} - {"help", "what", "json"} == set(_BENCH_OPTIONS)
     assert all(set(whats) <= benchmarks for whats in _BENCH_OPTIONS.values())
@@ -132,8 +132,7 @@ def test_every_bench_option_names_the_benchmarks_it_is_for():
 
 def test_bench_shapes_command_passes_its_options_to_the_benchmark(monkeypatch, tmp_path):
     from elasticps.cli import main
-    from elasticps.cli.experiments import bench_parser
-    from elasticps.cli.main import build_parser
+    from elasticps.cli.main import build_parser, subcommand
 
     seen = {}
     monkeypatch.setattr(shapes_bench, "run", lambda *a, **kw: seen.update(args=a, kw=kw) or {"grid": []})
@@ -154,7 +153,7 @@ def test_bench_shapes_command_passes_its_options_to_the_benchmark(monkeypatch, t
     assert main(["bench", "shapes", "--json", str(out)]) == 0
     assert set(seen["kw"]) == {"say"}
     # the command offers exactly the benchmark's models
-    bench = bench_parser(build_parser())
+    bench = subcommand(build_parser(), "bench")
     [model] = [a for a in bench._actions if a.dest == "model"]
     assert sorted(model.choices) == sorted(shapes_bench.MODELS)
 

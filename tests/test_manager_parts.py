@@ -356,7 +356,7 @@ def test_a_start_records_the_job_running_and_a_new_round_forgets_last_rounds_fai
     rec = parts.store.get_job("s")
     assert rec.state == JobState.RUNNING and rec.desired == (1, 1)
     assert parts.jobs.live["s"].asked == (1, 1) and "s" not in parts.jobs.waiting
-    assert parts.store.events("s")[-1][4] == "started with 1 PS x 1 workers"
+    assert parts.store.events("s")[-1][4] == "started with 1 PS x 1 worker"
     parts.applier.note_waiting([rec], [view], cluster, {}, 203.0)  # a job running here gets no reason to wait
     assert "s" not in parts.jobs.waiting
 

@@ -29,7 +29,7 @@ def test_each_move_is_named_with_its_cause():
         "grower": "grow", "giver": "shrink", "prober": "probe", "new": "admit", "waiter": "wait", "never": "unfit",
     }  # fmt: skip
     assert moves["giver"].why == "shrink for jobs grower, new, prober"  # the jobs that gained room this round
-    assert moves["grower"].text == "grow 1 PS x 1 workers -> 1 PS x 2 workers"
+    assert moves["grower"].text == "grow 1 PS x 1 worker -> 1 PS x 2 workers"
     # 8 CPUs less what the round gave: grower 3 + giver 2 + prober 3 + new 2 = 10 > 8, so nothing is left
     assert moves["waiter"].text.endswith("needs 3 CPU; 0 CPU, 64 GB memory left after this round's shapes")
     assert moves["never"].text == "cannot fit: a worker needs 64 CPU" and moves["never"].shape is None

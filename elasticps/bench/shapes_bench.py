@@ -33,6 +33,7 @@ from elasticps.placement import place
 from elasticps.program import TrainingProgram
 from elasticps.runtime import JobConfig, JobController, TaskResources
 from elasticps.sched import ClusterView, JobView, NodeView, Resources
+from elasticps.tables import shape_text
 
 JOB = "shapes"
 #: Enough samples that no pass ends an epoch's worth of shuffling early.
@@ -155,7 +156,7 @@ def run(
             runs[shape].append(speed)
             nodes_spanned[shape] = len(set(job.placement().values()))
             if say is not None:
-                say(f"[{i + 1}/{len(passes)}] {shape[0]} PS x {shape[1]} workers: {speed:.1f} samples/s")
+                say(f"[{i + 1}/{len(passes)}] {shape_text(*shape)}: {speed:.1f} samples/s")
         grid = [
             {
                 "ps": p,

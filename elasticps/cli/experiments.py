@@ -123,20 +123,14 @@ _BENCH_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def bench_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The ``bench`` command's parser within the whole command line's ``parser``."""
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return commands.choices["bench"]
-
-
 def given_bench_options(argv: list[str]) -> set[str]:
     """The ``bench`` options ``argv`` gives, whatever their values (one that
     repeats its default is given too): the command line parsed again with no
     defaults, so only what it names is set."""
-    from elasticps.cli.main import build_parser
+    from elasticps.cli.main import build_parser, subcommand
 
     parser = build_parser()
-    for action in bench_parser(parser)._actions:
+    for action in subcommand(parser, "bench")._actions:
         action.default = argparse.SUPPRESS
     return set(vars(parser.parse_args(argv))) & set(_BENCH_OPTIONS)
 

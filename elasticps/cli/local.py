@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from elasticps.cli.common import default_workdir, nonnegative_int
+from elasticps.cli.common import default_workdir, nonnegative_int, positive_int
+from elasticps.tables import shape_text
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -123,7 +124,7 @@ def _check_local_cpus(args: argparse.Namespace) -> None:
     if need > have:
         where = f"--num-cpus {args.num_cpus}" if args.num_cpus is not None else f"this machine's {have} CPUs"
         raise ConfigError(
-            f"{args.ps} PS x {args.workers} workers need {need:g} CPUs (1 a task), more than {where}: "
+            f"{shape_text(args.ps, args.workers)} need {need:g} CPUs (1 a task), more than {where}: "
             f"pass --num-cpus {math.ceil(need)} (Ray shares the cores) or ask for fewer tasks"
         )
 
@@ -178,7 +179,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         job.start()
         for line in job.report().events:
             print(line, flush=True)
-        print(f"running {args.ps} PS x {args.workers} workers: {job.placement()}", flush=True)
+        print(f"running {shape_text(args.ps, args.workers)}: {job.placement()}", flush=True)
         with _stop_on_interrupt(job.stop):
             report = job.run(max_steps=args.max_steps)
     finally:
@@ -262,7 +263,7 @@ def add_parsers(sub: Any) -> None:
         "--mode", choices=["sync", "async"], default="sync", help="sync: exact at any shape; async: no barrier"
     )
     train.add_argument("--checkpoint-dir", help="write checkpoints here, and resume from the newest one there")
-    train.add_argument("--max-steps", type=int, help="stop after this many steps (default: train to the end)")
+    train.add_argument("--max-steps", type=positive_int, help="stop after this many steps (default: train to the end)")
     train.add_argument("--report-interval-s", type=float, default=5.0, help="seconds per progress line (default 5)")
     train.add_argument(
         "--step-timeout-s",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from elasticps.tables import shape_text
+
 
 def clock(at: float | None) -> str:
     """A Unix time as local time: ``2026-11-25 08:31:02``."""
@@ -35,7 +37,7 @@ def describe_text(detail: dict[str, Any], spec: dict[str, Any]) -> str:
     if j["ended"]:
         lines.append(f"ended:      {clock(j['updated_at'])}")
     limits = f"PS {j['ps_range'][0]}..{j['ps_range'][1]}, workers {j['workers_range'][0]}..{j['workers_range'][1]}"
-    now = f"{j['num_ps']} PS x {j['num_workers']} workers, " if j["num_ps"] or j["num_workers"] else ""
+    now = f"{shape_text(j['num_ps'], j['num_workers'])}, " if j["num_ps"] or j["num_workers"] else ""
     lines.append(f"shape:      {now}limits {limits}")
     progress = []
     if j.get("epochs"):
@@ -55,7 +57,7 @@ def describe_text(detail: dict[str, Any], spec: dict[str, Any]) -> str:
         lines.append("shape history:")
         ends = [s[0] for s in detail["shapes"][1:]]
         for (at, p, w), end in zip(shapes, ends, strict=False):
-            lines.append(f"  {clock(at)}  {p} PS x {w} workers  for {duration(end - at)}")
+            lines.append(f"  {clock(at)}  {shape_text(p, w)}  for {duration(end - at)}")
     rescales = [r for r in detail["rescales"] if r["ok"]]
     if rescales:
         pauses = sorted(r["pause_s"] for r in rescales)

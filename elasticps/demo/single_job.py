@@ -13,6 +13,7 @@ import time
 from elasticps.examples import digits
 from elasticps.raycluster import ensure_ray
 from elasticps.runtime import EpochReport, JobConfig, JobController, TaskResources, WindowReport
+from elasticps.tables import shape_text
 
 #: (num_ps, num_workers, epochs to train at that shape once switched)
 FIRST_EPOCHS = 3
@@ -55,10 +56,10 @@ def run(epochs: int = 30, num_cpus: int = 8) -> dict:
         _wait_epochs(job, FIRST_EPOCHS)
         for num_ps, num_workers, train_epochs in SCHEDULE:
             request = job.rescale(num_ps, num_workers)
-            print(f">> rescale to {num_ps} PS x {num_workers} workers requested at step {job.step}")
+            print(f">> rescale to {shape_text(num_ps, num_workers)} requested at step {job.step}")
             rec = job.wait_rescale(request, timeout_s=300)
             print(
-                f">> now {rec.to_shape[0]} PS x {rec.to_shape[1]} workers from step {rec.at_step}: "
+                f">> now {shape_text(*rec.to_shape)} from step {rec.at_step}: "
                 f"paused {rec.pause_s * 1e3:.0f} ms (new tasks started in the background in {rec.launch_s:.1f} s)"
             )
             _wait_epochs(job, train_epochs)

@@ -32,6 +32,7 @@ from elasticps.manager.workdir import OUTPUT_DIR, job_dir
 from elasticps.runtime import JobConfig
 from elasticps.sched import ClusterView, JobView
 from elasticps.sched.fit import fit_problem
+from elasticps.tables import shape_text
 
 log = logging.getLogger("elasticps.manager")
 
@@ -82,7 +83,7 @@ class Applier:
                     now,
                     rec.name,
                     "rescale",
-                    f"rescale to {shape[0]} PS x {shape[1]} workers{why} (the round saw {room} free for our jobs)",
+                    f"rescale to {shape_text(*shape)}{why} (the round saw {room} free for our jobs)",
                 )
         except JobEndedError:
             pass  # it ended since this round polled it; the next poll retires it
@@ -130,7 +131,7 @@ class Applier:
         live = LiveJob(self.runtime.start(launch), shape, dict(placement))
         try:  # a start the store cannot record (its database locked, its disk full) is released
             self.store.set_desired(rec.name, shape)
-            with_shape = f"with {shape[0]} PS x {shape[1]} workers"
+            with_shape = f"with {shape_text(*shape)}"
             if rec.state == JobState.RUNNING:  # running in the store, not here: the manager was restarted
                 self.store.add_event(now, rec.name, "started", f"restarted from its latest checkpoint {with_shape}")
             else:

@@ -26,6 +26,7 @@ from elasticps.sched import ClusterView, JobView, Resources
 from elasticps.sched.fit import describe
 from elasticps.sched.objectives import Objective, objective_of, utility_at_batch
 from elasticps.sched.types import total_of
+from elasticps.tables import shape_text
 
 ACTIONS = ("admit", "wait", "unfit", "keep", "probe", "grow", "shrink", "reshape", "unplaced")
 
@@ -106,7 +107,7 @@ def _tasks(shape: tuple[int, int]) -> int:
 
 
 def _shape(shape: tuple[int, int]) -> str:
-    return f"{shape[0]} PS x {shape[1]} workers"
+    return shape_text(*shape)
 
 
 def batch_reason(job: JobView, shape: tuple[int, int], batch: int, default: Objective | str) -> str:

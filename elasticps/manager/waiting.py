@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from elasticps.sched.fit import describe, fit_problem
 from elasticps.sched.types import ClusterView, JobView, Resources, total_of
+from elasticps.tables import shape_text
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,6 @@ def why_waiting(job: JobView, cluster: ClusterView, free: list[Resources], place
     need = job.resources(job.min_ps, job.min_workers)
     room = total_of(free)
     if not need.fits_in(room):
-        shape = f"{job.min_ps} PS x {job.min_workers} workers"
+        shape = shape_text(job.min_ps, job.min_workers)
         return Waiting(f"waiting for room: needs {describe(need)} at its minimum ({shape}), {describe(room)} free")
     return Waiting(f"queued behind {placed_jobs} job(s): the policy gave them this round's room")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from elasticps.sched.types import ClusterView, JobView, Resources
+from elasticps.tables import shape_text
 
 
 def describe(r: Resources) -> str:
@@ -29,7 +30,7 @@ def fit_problem(job: JobView, cluster: ClusterView) -> str | None:
     need = job.resources(job.min_ps, job.min_workers)
     if not need.fits_in(cluster.capacity):
         return (
-            f"cannot fit: needs {describe(need)} at its minimum ({job.min_ps} PS x {job.min_workers} workers), "
+            f"cannot fit: needs {describe(need)} at its minimum ({shape_text(job.min_ps, job.min_workers)}), "
             f"the cluster has {describe(cluster.capacity)}"
         )
     return None
