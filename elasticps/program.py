@@ -304,10 +304,14 @@ def _call(ref: str, fn: Callable[..., Any], args: Mapping[str, Any] | None, desc
     """A factory's program, or a training loop's description."""
     from elasticps.loop.program import LoopProgram
 
-    try:
-        obj = describe(ref, fn, dict(args or {}))
+    try:  # arguments that do not fit its signature are the caller's mistake; a TypeError inside it is its own
+        inspect.signature(fn).bind(**dict(args or {}))
     except TypeError as exc:
         raise ProgramError(f"cannot call {ref!r} with arguments {dict(args or {})}: {exc}") from exc
+    except ValueError:  # no signature to check it against
+        pass
+    try:
+        obj = describe(ref, fn, dict(args or {}))
     except ProgramError:
         raise
     except Exception as exc:  # the user's factory raised: their error, named, not ours

@@ -207,6 +207,13 @@ def test_cli_scale_changes_the_limits_and_reads_print_json_or_yaml(server, monke
     assert [e["kind"] for e in json.loads(capsys.readouterr().out)] == ["submitted", "limits"]
     assert main(["delete", "sc", "--url", url, "--yes"]) == 2  # not ended
     assert "409: job 'sc' is pending; cancel it before deleting it" in capsys.readouterr().err
+    # without --yes, a job that cannot be deleted is refused before the question is asked
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda question: pytest.fail(f"asked {question!r}"))
+    assert main(["delete", "sc", "--url", url]) == 2
+    assert "job 'sc' is pending; cancel it before deleting it" in capsys.readouterr().err
+    assert main(["delete", "no-such-job", "--url", url]) == 2
+    assert "404" in capsys.readouterr().err
     assert main(["cancel", "sc", "--url", url]) == 0
     # a cancelled job runs again from its latest checkpoint on a retry
     assert main(["retry", "sc", "--url", url]) == 0 and "sc: pending" in capsys.readouterr().out

@@ -100,6 +100,18 @@ def test_load_program_passes_arguments_to_a_factory():
         load_program(digits.program(), {"epochs": 7})
 
 
+def test_a_type_error_inside_a_factory_is_its_own_not_a_wrong_argument():
+    def factory(epochs: int):
+        return digits.program(epochs="7" + epochs)  # the factory's own bug: str + int
+
+    with pytest.raises(ProgramError, match=r"raised TypeError: can only concatenate str"):
+        load_program(factory, {"epochs": 7})
+    with pytest.raises(
+        ProgramError, match=r"cannot call .* with arguments \{'epoch': 7\}: missing a required argument: 'epochs'"
+    ):
+        load_program(factory, {"epoch": 7})
+
+
 def test_a_module_that_raises_while_imported_is_a_program_error_naming_it(tmp_path, monkeypatch):
     (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('no config file')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

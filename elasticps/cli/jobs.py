@@ -74,6 +74,7 @@ def _print_logs(client: Any, name: str, follow: bool) -> None:
 
 def cmd_client(args: argparse.Namespace) -> int:
     from elasticps.manager.client import Client, ManagerError
+    from elasticps.manager.states import JobState
 
     client = Client(args.url, token=args.token, workdir=args.workdir)
     try:
@@ -108,6 +109,10 @@ def cmd_client(args: argparse.Namespace) -> int:
         elif args.command == "retry":
             print(f"{args.name}: {client.retry(args.name).state}")
         elif args.command == "delete":
+            if not args.yes:  # a job that cannot be deleted is refused before the question, not after it
+                state = client.job(args.name).state
+                if not JobState(state).ended:
+                    raise ManagerError(f"job {args.name!r} is {state}; cancel it before deleting it")
             if not (args.yes or _confirmed(f"delete job {args.name}, its history and its checkpoints for good?")):
                 print(f"{args.name}: not deleted", file=sys.stderr)
                 return 1
