@@ -19,8 +19,9 @@ log = logging.getLogger("elasticps")
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Start an embedded local Ray cluster (on loopback), or join ``address``; no-op if connected."""
+def ensure_ray(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True) -> None:
+    """Start an embedded local Ray cluster (on loopback), or join ``address``; no-op if connected.
+    ``log_to_driver``: print what Ray's worker processes print in this process's terminal."""
     local = address in (None, "", "local")
     if local and "ray" not in sys.modules:
         os.environ[LOOPBACK_ENV] = "0"
@@ -29,7 +30,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    kwargs: dict = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": True}
+    kwargs: dict = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": log_to_driver}
     if local:
         if os.environ.get(LOOPBACK_ENV) != "0":
             log.info("Ray was imported before the embedded cluster was set up: its ports listen on every interface")

@@ -174,3 +174,32 @@ def test_an_unknown_option_is_refused_with_its_own_commands_usage(capsys, argv):
     assert exc.value.code == 2
     assert err.startswith(f"usage: elasticps {argv[0]} ")
     assert f"elasticps {argv[0]}: error: unrecognized arguments: --bogus" in err
+
+
+@pytest.mark.slow
+def test_a_jobs_output_is_kept_for_logs_not_printed_in_the_servers_terminal(tmp_path):
+    from elasticps.manager.client import Client
+    from tests.helpers import server_url, spawn_elasticps, stop_session
+
+    workdir = tmp_path / "state"
+    args = ["server", "--workdir", str(workdir), "--port", "0", "--num-cpus", "2", "--interval-s", "1"]
+    log = tmp_path / "server.log"
+    proc = spawn_elasticps(args, log)
+    try:
+        client = Client(server_url(log, proc), (workdir / "token").read_text().strip(), timeout_s=60)
+        client.submit(
+            {
+                "name": "printer",
+                "program": "elasticps.examples.digits_loop:main",
+                "args": {"epochs": 1, "log_interval": 20},
+                "ps": {"min": 1, "max": 1, "cpu": 0.5},
+                "workers": {"min": 1, "max": 1, "cpu": 0.5},
+            }
+        )
+        assert client.wait("printer", timeout_s=240).state == "finished"
+        printed = "".join(piece.text for piece in client.output("printer"))
+        assert "[worker-0] Train Epoch: 0" in printed and "Test set: Average loss" in printed
+    finally:
+        stop_session(proc)
+    assert "elasticps manager on http://" in log.read_text()
+    assert "Train Epoch" not in log.read_text() and "Test set" not in log.read_text()

@@ -114,7 +114,9 @@ def cmd_server(args: argparse.Namespace) -> int:
     empty = workdir / ".ray-driver"  # no job's name: those start with a letter or digit
     empty.mkdir(exist_ok=True)  # 0700: secure_workdir's umask
     with contextlib.chdir(empty):
-        ensure_ray(args.ray_address, num_cpus=args.num_cpus)
+        # a job's output is kept for `elasticps logs` (elasticps.runtime.output); in the server's terminal it
+        # would bury the server's own lines under every job's
+        ensure_ray(args.ray_address, num_cpus=args.num_cpus, log_to_driver=args.job_output)
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
         Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options,
@@ -186,6 +188,11 @@ def add_parsers(sub: Any) -> None:
         help="a Host name clients may use besides loopback and --host (repeatable; '*' for any)",
     )
     server.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    server.add_argument(
+        "--job-output",
+        action="store_true",
+        help="also print every job's output here, as Ray forwards it (default: only kept for `elasticps logs NAME`)",
+    )
     server.add_argument(
         "--num-cpus", type=positive_int, help="logical CPUs of the embedded local Ray cluster (default: this machine's)"
     )
