@@ -22,6 +22,7 @@ from elasticps.cli.common import (
 
 #: What --policy and --compare take: every policy of elasticps.sched.policies, and the oracle.
 SIM_POLICIES = ("static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle")
+ORACLE = "oracle"
 OBJECTIVES = ("goodput", "speed", "efficiency")
 #: What --truth takes: elasticps.sim.truth.TRUTHS (a test keeps them equal; the simulator loads only when a run starts).
 TRUTHS = ("optimus", "grid", "mixed")
@@ -94,6 +95,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--interarrival-s shapes a generated workload: not with --workload or --trace")
     if args.adaptive_jobs and (args.trace or args.workload_shape == "trace"):
         raise ConfigError("--adaptive-jobs applies to the synthetic workload only")
+    if args.gaps and (ORACLE not in (args.compare or []) or args.seeds is not None):
+        raise ConfigError("--gaps compares with the oracle on one seed: give --compare ...,oracle, not --seeds")
     if args.gpu_jobs and not args.node_gpu:
         raise ConfigError("--gpu-jobs makes GPU jobs: give the nodes GPUs too (--node-gpu N)")
     if args.trace:
@@ -134,6 +137,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
         data = {name: r.to_dict() for name, r in results.items()}
     else:
         data = next(iter(results.values())).to_dict()
+    if args.gaps:
+        from elasticps.sim.gaps import format_gaps, gaps_by_group
+
+        data["gaps_to_oracle"] = gaps_by_group(_workload(args, args.seed), results)
+        print(format_gaps(data["gaps_to_oracle"], list(results)))  # the oracle's row: where the best shapes lie
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -156,21 +164,27 @@ def verdict(avg_jct_s: dict[str, float]) -> str:
     return "; ".join(parts)
 
 
-def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) -> dict:
-    """Each (policy, objective) of ``runs`` simulated on the workload of ``seed``."""
-    from elasticps.sim import SimConfig, load_workload, simulate, synthetic_workload
+def _workload(args: argparse.Namespace, seed: int) -> list:
+    """The run's workload: the file or trace given, else generated from ``seed``."""
+    from elasticps.sim import load_workload, synthetic_workload
     from elasticps.sim.traces import load_trace_csv, trace_workload
 
     if args.workload:
-        workload = load_workload(args.workload)
-    elif args.trace:
-        workload = load_trace_csv(args.trace, seed=seed)
-    else:
-        generate = trace_workload if args.workload_shape == "trace" else synthetic_workload
-        kw = {} if args.interarrival_s is None else {"mean_interarrival_s": args.interarrival_s}
-        if args.adaptive_jobs:
-            kw["adaptive_share"] = args.adaptive_jobs
-        workload = generate(args.jobs, seed=seed, gpu_share=args.gpu_jobs, **kw)
+        return load_workload(args.workload)
+    if args.trace:
+        return load_trace_csv(args.trace, seed=seed)
+    generate = trace_workload if args.workload_shape == "trace" else synthetic_workload
+    kw = {} if args.interarrival_s is None else {"mean_interarrival_s": args.interarrival_s}
+    if args.adaptive_jobs:
+        kw["adaptive_share"] = args.adaptive_jobs
+    return generate(args.jobs, seed=seed, gpu_share=args.gpu_jobs, **kw)
+
+
+def _sim_runs(args: argparse.Namespace, runs: list[tuple[str, str]], seed: int) -> dict:
+    """Each (policy, objective) of ``runs`` simulated on the workload of ``seed``."""
+    from elasticps.sim import SimConfig, simulate
+
+    workload = _workload(args, seed)
     results = {}
     for policy, objective in runs:
         config = SimConfig(
@@ -383,6 +397,11 @@ def add_parsers(sub: Any) -> None:
     sim.add_argument(
         "--objectives", type=_names(OBJECTIVES, "objective", "objectives"),
         help="comma-separated objectives to run --policy under on the same workload, e.g. goodput,speed",
+    )  # fmt: skip
+    sim.add_argument(
+        "--gaps", action="store_true",
+        help="with the oracle in --compare: each policy's seconds of avg JCT behind it per truth surface and model "
+        "kind, and the shapes each ran those jobs at (also in --json as gaps_to_oracle)",
     )  # fmt: skip
     sim.add_argument("--plot", help="write PNG plots into this directory")
     sim.add_argument("--json", help="write the results here")
