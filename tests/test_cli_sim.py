@@ -17,7 +17,7 @@ from elasticps.sim.workload import KINDS, WorkloadJob
     ("argv", "message"),
     [
         (["--compare", "static,elastc"], "argument --compare: no policy 'elastc': did you mean 'elastic'? "
-         "(policies: static, greedy, optimus, elastic, pollux, tiresias, oracle)"),
+         "(policies: static, greedy, optimus, elastic, pollux, tiresias, oracle, kind-oracle)"),
         (["--compare", ","], "argument --compare: give one or more policies"),
         (["--compare", "static,static"], "a policy named twice"),
         (["--policy", "polux"], "argument --policy: invalid choice: 'polux'"),
@@ -38,7 +38,9 @@ def test_a_bad_argument_fails_at_once_naming_it(capsys, argv, message):
 
 
 def test_every_policy_is_listed_oracle_pollux_and_tiresias_included():
-    assert set(SIM_POLICIES) == {*POLICIES, "oracle"} and {"pollux", "tiresias", "oracle"} <= set(SIM_POLICIES)
+    from elasticps.sim.config import ORACLES
+
+    assert set(SIM_POLICIES) == {*POLICIES, *ORACLES} and {"pollux", "tiresias", "oracle"} <= set(SIM_POLICIES)
 
 
 def test_a_missing_or_bad_workload_is_one_line_before_any_run(tmp_path, capsys):

@@ -181,3 +181,29 @@ def test_a_users_own_grid_is_the_truth_the_simulator_follows(tmp_path, capsys):
     assert main(argv) == 0
     assert main(["sim", "--truth-grid", str(path), "--jobs", "5", "--nodes", "4", "--quiet"]) == 2
     assert "read only by the grid and mixed truths" in capsys.readouterr().err
+
+
+def test_the_kind_oracle_knows_the_kinds_surfaces_not_the_jobs():
+    """Under grid every job of a kind follows one surface: the kind oracle is the
+    oracle. Under mixed it judges each job by the mean of the three surfaces, so it
+    runs jobs of one kind alike, where the oracle fits each to its own surface."""
+    from elasticps.sched.speed import SpeedModel
+    from elasticps.sim.jobs import SimJob, oracle_speed
+
+    assert MIXED.surfaces_of(VGG) == SURFACES and make_truth("grid").surfaces_of(VGG) == ("grid",)
+    assert OPTIMUS_TRUTH.surfaces_of(VGG) == ("optimus",) == MIXED.surfaces_of(KINDS["resnet50-allreduce"])
+    spec = synthetic_workload(1, seed=0)[0]
+    job = SimJob(spec, VGG, spec.samples, SpeedModel(VGG.batch), batch=VGG.batch, surface="saturation")
+    config = SimConfig(nodes=8)
+    mean = oracle_speed(job, config, MIXED, SURFACES)
+    each = [oracle_speed(SimJob(spec, VGG, 1, SpeedModel(VGG.batch), surface=s), config, MIXED) for s in SURFACES]
+    assert mean(3, 4) == pytest.approx(statistics.fmean(f(3, 4) for f in each))
+    assert oracle_speed(job, config, MIXED)(3, 4) == each[SURFACES.index("saturation")](3, 4) != mean(3, 4)
+    work = synthetic_workload(40, seed=1)
+    runs = {
+        (truth, policy): simulate(work, SimConfig(nodes=8, seed=2, truth=truth, policy=policy))
+        for truth in ("grid", "mixed")
+        for policy in ("oracle", "kind-oracle")
+    }
+    assert same_run(runs["grid", "oracle"], runs["grid", "kind-oracle"])
+    assert runs["mixed", "oracle"].allocations != runs["mixed", "kind-oracle"].allocations

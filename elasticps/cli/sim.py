@@ -21,7 +21,7 @@ from elasticps.cli.common import (
 )
 
 #: What --policy and --compare take: every policy of elasticps.sched.policies, and the oracle.
-SIM_POLICIES = ("static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle")
+SIM_POLICIES = ("static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle", "kind-oracle")
 ORACLE = "oracle"
 OBJECTIVES = ("goodput", "speed", "efficiency")
 #: What --truth takes: elasticps.sim.truth.TRUTHS (a test keeps them equal; the simulator loads only when a run starts).

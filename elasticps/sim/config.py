@@ -16,6 +16,13 @@ from elasticps.sim.workload import WorkloadJob
 #: ``--policy oracle``: the elastic policy's decisions, admission and placement,
 #: made knowing each job's true speed (a bound on what learning the speeds can give).
 ORACLE = "oracle"
+#: ``--policy kind-oracle``: the same, knowing each job's kind's true speed (the mean
+#: over the truth surfaces its kind's jobs follow) but not which one the job follows: a
+#: bound on what learning each kind's speeds, and nothing of each job's own, can give.
+#: Under ``--truth optimus`` and ``grid`` every job of a kind follows one surface, so it
+#: decides as the oracle does.
+KIND_ORACLE = "kind-oracle"
+ORACLES = (ORACLE, KIND_ORACLE)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ and history) and the speed the ground truth gives it: as placed
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,24 +94,27 @@ def span_of(spec: WorkloadJob, config: SimConfig) -> Callable[[int, int], int]:
     return span
 
 
-def oracle_speed(job: SimJob, config: SimConfig, truth: Truth) -> Callable[[int, int], float]:
-    """The job's true speed, with its tasks over as few nodes as they fit in."""
+def oracle_speed_at(
+    job: SimJob, config: SimConfig, truth: Truth, surfaces: tuple[str, ...] | None = None
+) -> Callable[[int, int, int], float]:
+    """The job's true speed at a batch, with its tasks over as few nodes as they
+    fit in; with ``surfaces``, the mean of its speeds were it to follow each
+    (what is known of a job whose kind's surfaces are known, not its own)."""
     span = span_of(job.spec, config)
+    among = surfaces or (job.surface,)
 
-    def speed(p: int, w: int) -> float:
-        return job.speed_factor * spanned_speed(
-            job.kind, p, w, span(p, w), config.local_traffic_factor, None, truth, job.surface
-        )
-
-    return speed
-
-
-def oracle_speed_at(job: SimJob, config: SimConfig, truth: Truth) -> Callable[[int, int, int], float]:
-    span = span_of(job.spec, config)
-
-    def speed_at(p: int, w: int, batch: int) -> float:
-        return job.speed_factor * spanned_speed(
-            job.kind, p, w, span(p, w), config.local_traffic_factor, batch, truth, job.surface
+    def speed_at(p: int, w: int, batch: int | None) -> float:
+        return job.speed_factor * statistics.fmean(
+            spanned_speed(job.kind, p, w, span(p, w), config.local_traffic_factor, batch, truth, surface)
+            for surface in among
         )
 
     return speed_at
+
+
+def oracle_speed(
+    job: SimJob, config: SimConfig, truth: Truth, surfaces: tuple[str, ...] | None = None
+) -> Callable[[int, int], float]:
+    """:func:`oracle_speed_at` at the kind's batch."""
+    speed_at = oracle_speed_at(job, config, truth, surfaces)
+    return lambda p, w: speed_at(p, w, None)

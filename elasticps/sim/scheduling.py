@@ -22,7 +22,7 @@ from elasticps.sched.pooling import PRIOR_PER_JOB
 from elasticps.sched.rounds import admission_only, state_after
 from elasticps.sched.speed import fleet_prior
 from elasticps.sched.view import ShapeLimits, ViewPlan, plan_view
-from elasticps.sim.config import ORACLE, SimConfig, worker_resources
+from elasticps.sim.config import KIND_ORACLE, ORACLES, SimConfig, worker_resources
 from elasticps.sim.jobs import SimJob, oracle_speed, oracle_speed_at, span_of, true_speed
 from elasticps.sim.truth import Truth
 from elasticps.sim.workload import KINDS, noise_scale_at
@@ -43,7 +43,7 @@ class Scheduler:
 
     def __init__(self, config: SimConfig, truth: Truth, capacity: Resources) -> None:
         self.config, self.truth, self.capacity = config, truth, capacity
-        self.oracle = config.policy == ORACLE
+        self.oracle = config.policy in ORACLES
         # the oracle decides with the elastic policy's code; only what it knows differs
         name = "elastic" if self.oracle else config.policy
         settings = {
@@ -87,9 +87,12 @@ class Scheduler:
         config = self.config
         s = job.spec
         limits = ShapeLimits(s.min_ps, s.max_ps, s.min_workers, s.max_workers)
-        if self.oracle:  # it knows every shape's speed: nothing to explore
+        if self.oracle:  # it knows every shape's speed (the kind oracle: its kind's): nothing to explore
+            among = self.truth.surfaces_of(job.kind) if config.policy == KIND_ORACLE else None
             plan = ViewPlan(
-                oracle_speed(job, config, self.truth), limits, speed_at=oracle_speed_at(job, config, self.truth)
+                oracle_speed(job, config, self.truth, among),
+                limits,
+                speed_at=oracle_speed_at(job, config, self.truth, among),
             )
         else:
             prior = None

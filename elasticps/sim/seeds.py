@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from elasticps.sim.config import ORACLE
+from elasticps.sim.config import ORACLES
 from elasticps.sim.results import SimResult, gain_captured
 
 #: Metrics summarized by their mean and their worst (largest) seed, where every run has them.
@@ -39,18 +39,17 @@ def summarize(per_seed: dict[int, dict[str, SimResult]]) -> dict[str, dict[str, 
         raise ValueError("no seeds to summarize")
     policies = list(next(iter(per_seed.values())))
     out: dict[str, dict[str, Any]] = {
-        name: {"seeds": len(per_seed), "best_non_oracle": 0} for name in policies if name != ORACLE
+        name: {"seeds": len(per_seed)} if name in ORACLES else {"seeds": len(per_seed), "best_non_oracle": 0}
+        for name in policies
     }
-    if ORACLE in policies:
-        out[ORACLE] = {"seeds": len(per_seed)}
     gains: dict[str, list[float]] = {}
     for results in per_seed.values():
         if list(results) != policies:
             raise ValueError(f"every seed must run the same policies: {list(results)} vs {policies}")
         jct = {name: r.metrics["avg_jct_s"] for name, r in results.items()}
-        best = min(v for name, v in jct.items() if name != ORACLE)
+        best = min(v for name, v in jct.items() if name not in ORACLES)
         for name, v in jct.items():
-            if name != ORACLE and v == best:
+            if name not in ORACLES and v == best:
                 out[name]["best_non_oracle"] += 1
         for name, share in gain_captured(results).items():
             gains.setdefault(name, []).append(share)

@@ -149,6 +149,12 @@ class Truth:
             return "grid"
         return random.Random(f"{self.seed}:truth:{job_id}").choice(SURFACES)
 
+    def surfaces_of(self, kind: ModelKind) -> tuple[str, ...]:
+        """Every surface a job of ``kind`` may follow under this truth."""
+        if self.name == OPTIMUS or kind.allreduce:
+            return (OPTIMUS,)
+        return ("grid",) if self.name == "grid" else SURFACES
+
     def noise(self, configured: float) -> float:
         """A report's relative noise: the configured one under optimus, else the measured one."""
         return configured if self.name == OPTIMUS else MEASURED_NOISE
