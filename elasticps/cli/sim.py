@@ -22,7 +22,6 @@ from elasticps.cli.common import (
 
 #: What --policy and --compare take: every policy of elasticps.sched.policies, and the oracle.
 SIM_POLICIES = ("static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle", "kind-oracle")
-ORACLE = "oracle"
 OBJECTIVES = ("goodput", "speed", "efficiency")
 #: What --truth takes: elasticps.sim.truth.TRUTHS (a test keeps them equal; the simulator loads only when a run starts).
 TRUTHS = ("optimus", "grid", "mixed")
@@ -95,6 +94,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--interarrival-s shapes a generated workload: not with --workload or --trace")
     if args.adaptive_jobs and (args.trace or args.workload_shape == "trace"):
         raise ConfigError("--adaptive-jobs applies to the synthetic workload only")
+    from elasticps.sim.config import ORACLE
+
     if args.gaps and (ORACLE not in (args.compare or []) or args.seeds is not None):
         raise ConfigError("--gaps compares with the oracle on one seed: give --compare ...,oracle, not --seeds")
     if args.gpu_jobs and not args.node_gpu:

@@ -8,7 +8,7 @@ mode: sync                                   # or async
 ps:      {min: 1, max: 4, cpu: 0.5, memory_gb: 1}
 workers: {min: 1, max: 8, cpu: 1, memory_gb: 2}
 objective: goodput                           # optional: goodput | speed | efficiency
-checkpoint_every_steps: 100                  # optional: steps between checkpoints (0: only at epochs' ends and the job's)
+checkpoint_every_steps: 100                  # optional: steps between checkpoints (0: at epochs' ends only)
 step_timeout_s: 1800                         # optional: a step slower than this is taken for hung (default 600)
 standby_workers: 2                           # optional: CPU workers kept started ahead for grows (default 0)
 runtime_env:                                 # optional: Ray's runtime_env for the job's processes

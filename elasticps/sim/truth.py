@@ -143,11 +143,8 @@ class Truth:
 
     def surface(self, job_id: str, kind: ModelKind) -> str:
         """The surface a job follows (its own seeded draw under ``mixed``)."""
-        if self.name == OPTIMUS or kind.allreduce:
-            return OPTIMUS
-        if self.name == "grid":
-            return "grid"
-        return random.Random(f"{self.seed}:truth:{job_id}").choice(SURFACES)
+        among = self.surfaces_of(kind)
+        return among[0] if len(among) == 1 else random.Random(f"{self.seed}:truth:{job_id}").choice(among)
 
     def surfaces_of(self, kind: ModelKind) -> tuple[str, ...]:
         """Every surface a job of ``kind`` may follow under this truth."""
