@@ -55,7 +55,9 @@ def test_describe_is_a_summary_with_times_and_shape_history_and_json_for_machine
     assert code == 0
     assert re.search(r"^state:\s+running$", out, re.M)
     assert re.search(rf"^submitted:\s+{TIME}$", out, re.M)  # a time, not a Unix float
-    assert re.search(rf"^started:\s+{TIME}  \(elapsed \d+s\)$", out, re.M)
+    started = re.search(rf"^started:\s+({TIME})  \(elapsed \d+s\)$", out, re.M)
+    _, events = cli("events", "alpha")
+    assert started and f"{started.group(1)}  alpha        started" in events  # one start time, as events says
     assert re.search(r"^progress:\s+epoch \d+/\d+, step \d+, \d+ samples/s", out, re.M)
     assert re.search(rf"^shape history:\n  {TIME}  \d PS x \d workers?  for \d+s", out, re.M)
     code, out = cli("describe", "gamma")

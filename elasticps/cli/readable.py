@@ -32,8 +32,11 @@ def describe_text(detail: dict[str, Any], spec: dict[str, Any]) -> str:
     args = f"  args {spec['args']}" if spec.get("args") else ""
     lines.append(f"program:    {spec['program']}{args}")
     lines.append(f"submitted:  {clock(j['submitted_at'])}")
-    if j.get("started_at") is not None:
-        lines.append(f"started:    {clock(j['started_at'])}  (elapsed {duration(j['elapsed_s'])})")
+    if j.get("started_at") is not None:  # the start event's time, as `events` shows it (the tasks ran from the
+        # first allocation, seconds later); the allocation's where the event is no longer among the newest
+        started = next((e["at"] for e in detail.get("events", ()) if e["kind"] == "started"), j["started_at"])
+        elapsed = j["elapsed_s"] + j["started_at"] - started
+        lines.append(f"started:    {clock(started)}  (elapsed {duration(elapsed)})")
     if j["ended"]:
         lines.append(f"ended:      {clock(j['updated_at'])}")
     limits = f"PS {j['ps_range'][0]}..{j['ps_range'][1]}, workers {j['workers_range'][0]}..{j['workers_range'][1]}"
