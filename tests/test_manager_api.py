@@ -214,6 +214,8 @@ def test_cli_scale_changes_the_limits_and_reads_print_json_or_yaml(server, monke
     assert "job 'sc' is pending; cancel it before deleting it" in capsys.readouterr().err
     assert main(["delete", "no-such-job", "--url", url]) == 2
     assert "404" in capsys.readouterr().err
+    assert main(["retry", "sc", "--url", url]) == 2  # pending: nothing to retry, whatever stops or not
+    assert "job 'sc' is pending: only failed or cancelled jobs are retried" in capsys.readouterr().err
     assert main(["cancel", "sc", "--url", url]) == 0
     # a cancelled job runs again from its latest checkpoint on a retry
     assert main(["retry", "sc", "--url", url]) == 0 and "sc: pending" in capsys.readouterr().out
@@ -495,3 +497,19 @@ def test_reads_answer_while_a_round_holds_the_managers_lock(server):
     finally:
         release.set()
         holder.join()
+
+
+def test_a_name_no_job_can_have_never_reaches_the_server(server):
+    """A name is a path segment: 'done/delete?' would be the delete endpoint of job 'done'."""
+    from elasticps.manager.client import Client, ManagerError
+
+    http, _ = server
+    client = Client(str(http.base_url).rstrip("/"), token="s3cret")
+    client.submit({"name": "done", "program": "elasticps.examples.digits:program"})
+    client.cancel("done")
+    for call in (client.retry, client.delete, client.job, client.detail, client.cancel, client.events):
+        for bad in ("done/delete?", "", "..", "Done", "done/logs"):
+            with pytest.raises(ManagerError, match=f"no job can be named {re.escape(repr(bad))}"):
+                call(bad)
+    assert client.job("done").state == "cancelled"
+    assert [e.kind for e in client.events("done")][-1] == "cancelled"

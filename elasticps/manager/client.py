@@ -30,7 +30,7 @@ import httpx
 
 from elasticps.errors import ElasticPSError
 from elasticps.manager.models import ENDED, EventOut, JobOut, LogLine, OutputOut
-from elasticps.manager.spec import JobSpec, load_document
+from elasticps.manager.spec import NAME_RE, NAME_RULE, JobSpec, load_document
 from elasticps.manager.workdir import client_token
 
 DEFAULT_URL = "http://127.0.0.1:8470"
@@ -112,14 +112,14 @@ class Client:
         return self._job("POST", "/jobs", content=text, headers={"Content-Type": ctype})
 
     def cancel(self, name: str) -> JobOut:
-        return self._job("DELETE", f"/jobs/{name}")
+        return self._job("DELETE", f"/jobs/{_name(name)}")
 
     def retry(self, name: str) -> JobOut:
-        return self._job("POST", f"/jobs/{name}/retry")
+        return self._job("POST", f"/jobs/{_name(name)}/retry")
 
     def delete(self, name: str) -> JobOut:
         """Forget an ended job; its name can be used again."""
-        return self._job("POST", f"/jobs/{name}/delete")
+        return self._job("POST", f"/jobs/{_name(name)}/delete")
 
     def scale(self, name: str, ps: tuple[int, int] | None = None, workers: tuple[int, int] | None = None) -> JobOut:
         """New (min, max) limits of a job's PS and/or workers; the scheduler
@@ -127,24 +127,24 @@ class Client:
         body = {kind: {"min": r[0], "max": r[1]} for kind, r in (("ps", ps), ("workers", workers)) if r is not None}
         if not body:
             raise ValueError("scale: give ps and/or workers")
-        return self._job("PATCH", f"/jobs/{name}", json=body)
+        return self._job("PATCH", f"/jobs/{_name(name)}", json=body)
 
     # -- reads
     def jobs(self) -> list[JobOut]:
         return [JobOut.model_validate(j) for j in self._request("GET", "/jobs").json()]
 
     def job(self, name: str) -> JobOut:
-        return self._job("GET", f"/jobs/{name}")
+        return self._job("GET", f"/jobs/{_name(name)}")
 
     def detail(self, name: str) -> dict[str, Any]:
         """What the dashboard shows of a job: its row (state, shape, progress, ETA, reason),
         shapes over time, curves, rescales, events and log tail (``GET /api/jobs/{name}``)."""
-        return self._request("GET", f"/api/jobs/{name}").json()
+        return self._request("GET", f"/api/jobs/{_name(name)}").json()
 
     def events(self, job: str | None = None, after: int = 0) -> list[EventOut]:
         params: dict[str, Any] = {"after": after}
-        if job:
-            params["job"] = job
+        if job is not None:
+            params["job"] = _name(job)
         return [EventOut.model_validate(e) for e in self._request("GET", "/events", params=params).json()]
 
     def logs(self, name: str, after_step: int = -1, follow: bool = False, poll_s: float = 2.0) -> Iterator[LogLine]:
@@ -177,12 +177,16 @@ class Client:
             time.sleep(poll_s)
 
     def output_page(self, name: str, after: int = 0) -> OutputOut:
-        return OutputOut.model_validate(self._request("GET", f"/jobs/{name}/output", params={"after": after}).json())
+        return OutputOut.model_validate(
+            self._request("GET", f"/jobs/{_name(name)}/output", params={"after": after}).json()
+        )
 
     def log_page(self, name: str, after_step: int = -1, after_event: int = 0) -> list[LogLine]:
         """One read of the job's log: lines after step ``after_step``, events from number ``after_event`` on."""
         params = {"after_step": after_step, "after_event": after_event}
-        return [LogLine.model_validate(x) for x in self._request("GET", f"/jobs/{name}/logs", params=params).json()]
+        return [
+            LogLine.model_validate(x) for x in self._request("GET", f"/jobs/{_name(name)}/logs", params=params).json()
+        ]
 
     def wait(self, name: str, timeout_s: float | None = None, poll_s: float = 1.0) -> JobOut:
         """Block until the job has ended (finished, failed or cancelled); its last state."""
@@ -214,3 +218,11 @@ def _with_working_dir(text: str, directory: Path) -> str:
         raise ConfigError("job spec field 'runtime_env': must be a mapping")
     data["runtime_env"] = {**env, "working_dir": str(directory.resolve())}
     return json.dumps(data)
+
+
+def _name(name: str) -> str:
+    """A job's name as it goes into a request's path: refused unless it is one
+    a job can have, so that no name reaches another endpoint (``a/delete``)."""
+    if not NAME_RE.fullmatch(name):
+        raise ManagerError(f"no job can be named {name!r}: a name is {NAME_RULE}")
+    return name

@@ -139,6 +139,11 @@ class Commands:
         """Queue a failed or cancelled job again: a new run that resumes from
         its latest intact checkpoint (refused while its last run still stops)."""
         with self.lock:
+            state = JobState(self.store.get_job(name).state)
+            if state not in (JobState.FAILED, JobState.CANCELLED):  # not a run that is still stopping: say so
+                raise IllegalTransition(
+                    name, state, JobState.PENDING, f"job {name!r} is {state}: only failed or cancelled jobs are retried"
+                )
             if self.jobs.in_use(name):
                 raise JobInUse(f"job {name!r} is still stopping; retry it again in a moment")
             rec = self.store.transition(

@@ -49,6 +49,7 @@ from elasticps.errors import ConfigError
 from elasticps.limits import MAX_TASKS
 
 NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+NAME_RULE = "1-63 lowercase letters, digits or '-', starting and ending alphanumeric"
 PROGRAM_RE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 #: Most a spec may hold: the API refuses larger bodies before parsing them.
 MAX_SPEC_BYTES = 64 * 1024
@@ -133,7 +134,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _name(cls, v: str) -> str:
         if not NAME_RE.fullmatch(v):
-            raise ValueError("must be 1-63 lowercase letters, digits or '-', starting and ending alphanumeric")
+            raise ValueError(f"must be {NAME_RULE}")
         return v
 
     @field_validator("program")
