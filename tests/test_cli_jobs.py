@@ -104,3 +104,19 @@ def test_logs_follow_ends_with_the_final_state_and_a_closed_pipe_is_quiet(cli, s
         env=env, timeout=60,
     )  # fmt: skip
     assert re.match(TIME, many.stdout) and "Traceback" not in many.stderr and "BrokenPipe" not in many.stderr
+
+
+def test_ctrl_c_while_following_stops_the_client_not_the_job_in_a_line(cli, site, monkeypatch, capsys):
+    from elasticps.manager.client import Client
+
+    def interrupted(*args, **kwargs):
+        yield from ()
+        raise KeyboardInterrupt  # where Ctrl-C lands: between two polls
+
+    manager, url = site
+    monkeypatch.setattr(Client, "output", interrupted)
+    assert main(["logs", "alpha", "--follow", "--url", url]) == 130
+    assert capsys.readouterr().err == "\nstopped watching alpha; it goes on (elasticps cancel alpha stops it)\n"
+    assert manager.store.get_job("alpha").state == "running"
+    monkeypatch.setattr(Client, "jobs", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert main(["status", "--url", url]) == 130 and capsys.readouterr().err == "\ninterrupted\n"

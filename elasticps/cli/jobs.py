@@ -87,7 +87,7 @@ def cmd_client(args: argparse.Namespace) -> int:
             job = client.submit(text, json_body=args.spec.endswith(".json"), working_dir=args.working_dir)
             print(f"submitted {job.name} ({job.state})", flush=True)
             if args.wait:
-                return wait(client, job.name)
+                return _watching(job.name, lambda: wait(client, job.name))
         elif args.command == "status":
             if args.watch:
                 return _watch_status(client, args.watch, args)
@@ -122,10 +122,15 @@ def cmd_client(args: argparse.Namespace) -> int:
             read, show = (client.logs, _print_logs) if args.progress else (client.output, print_output)
             if args.output != "table":
                 print(dump(plain(list(read(args.name))), args.output))
-            else:
-                show(client, args.name, args.follow)
-                if args.follow:  # it has ended: say how
+            elif args.follow:  # until it has ended, then how it ended
+
+                def follow() -> None:
+                    show(client, args.name, True)
                     print(f"{args.name}: {client.job(args.name).state}", flush=True)
+
+                return _watching(args.name, follow)
+            else:
+                show(client, args.name, False)
         elif args.command == "events":
             events = client.events(args.name)
             if args.tail is not None:
@@ -138,7 +143,19 @@ def cmd_client(args: argparse.Namespace) -> int:
         for line in exc.problems or [str(exc)]:  # a spec's every problem, one a line
             print(f"error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the client stops, and says so in a line, not a traceback
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     return 0
+
+
+def _watching(name: str, watch: Any) -> int:
+    """``watch()`` (following a job), where Ctrl-C stops the watching, not the job, and says so."""
+    try:
+        return int(watch() or 0)
+    except KeyboardInterrupt:
+        print(f"\nstopped watching {name}; it goes on (elasticps cancel {name} stops it)", file=sys.stderr)
+        return 130
 
 
 def _confirmed(question: str) -> bool:
