@@ -22,6 +22,8 @@ def test_factory_args_are_yaml_scalars_repeated_or_comma_separated():
         factory_args(["epochs"])
     with pytest.raises(ConfigError, match="a number, a boolean or a string"):
         factory_args(["layers=[1, 2]"])
+    with pytest.raises(ConfigError, match=r"--args epochs is given twice \(epochs=1 and 'epochs=2'\)"):
+        factory_args(["epochs=1,epochs=2"])
 
 
 def test_too_few_cpus_say_which_num_cpus_before_ray_starts(tmp_path):

@@ -28,6 +28,8 @@ def test_a_good_spec_parses_with_defaults():
     assert spec.name == "digits-1" and spec.mode == "sync" and spec.workers.max == 4
     assert spec.checkpoint_every_steps == 100 and spec.objective == "efficiency"
     assert parse_spec(spec.model_dump_json(), fmt="json") == spec
+    with pytest.raises(ConfigError, match="not valid JSON: 'args' is given twice"):
+        parse_spec('{"name": "j", "program": "m:p", "args": {}, "args": {"epochs": 2}}', fmt="json")
 
 
 @pytest.mark.parametrize(
@@ -37,7 +39,7 @@ def test_a_good_spec_parses_with_defaults():
         (GOOD.replace("digits-1", '"digits-1\\n"'), "field 'name': must be 1-63 lowercase"),
         (GOOD.replace("elasticps.examples.digits:program", "digits"), "field 'program': .*package.module:attr"),
         (GOOD.replace("max: 4", "max: 0"), r"field 'workers': min \(1\) must be <= max \(0\)"),
-        (GOOD.replace("max: 2, cpu: 0.5", "min: 0, max: 0, cpu: 0.5"), "field 'ps': min must be >= 1"),
+        (GOOD.replace("min: 1, max: 2, cpu: 0.5", "min: 0, max: 0, cpu: 0.5"), "field 'ps': min must be >= 1"),
         (GOOD.replace("min: 1, max: 4", "min: true, max: 4"), "field 'workers.min': Input should be a valid integer"),
         (GOOD.replace("max: 4", "max: '4'"), "field 'workers.max': Input should be a valid integer"),
         (GOOD + "args: {seed: .nan}\n", "field 'args.seed': must be a finite number"),
@@ -59,6 +61,8 @@ def test_a_good_spec_parses_with_defaults():
         (GOOD.replace("objective: efficiency", "objective: fastest"), "field 'objective'"),
         ("name: [unclosed", "not valid YAML"),
         ("- a list", "must be a mapping"),
+        (GOOD + "workers: {min: 1, max: 2}\n", r"not valid YAML \(line \d+, column 1\): 'workers' is given twice"),
+        (GOOD + "args: {epochs: 1, epochs: 2}\n", "'epochs' is given twice"),
     ],
 )
 def test_bad_specs_name_the_field(text, message):

@@ -76,6 +76,8 @@ def factory_args(given: list[str]) -> dict[str, Any]:
             parsed = None
         if not isinstance(parsed, (str, int, float, bool)):
             raise ConfigError(f"--args {item!r}: the value must be a number, a boolean or a string")
+        if key in out:
+            raise ConfigError(f"--args {key} is given twice ({key}={out[key]!r} and {item!r})")
         out[key] = parsed
     return out
 

@@ -206,6 +206,26 @@ class _NoAliases(yaml.SafeLoader):
             raise yaml.composer.ComposerError(None, None, "aliases are not allowed", self.peek_event().start_mark)
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+        # a key given twice is a mistake (which one was meant?), not "the last one wins"
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refused where a name is given twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"{key!r} is given twice")
+        out[key] = value
+    return out
+
 
 class SpecError(ConfigError):
     """A spec (or limits) document that is not valid: ``problems`` lists every one,
@@ -222,7 +242,7 @@ def load_document(text: str | bytes, fmt: Literal["yaml", "json"], what: str = "
     if len(text) > MAX_SPEC_BYTES:
         raise SpecError([f"{what} is larger than {MAX_SPEC_BYTES} bytes"])
     try:
-        return yaml.load(text, Loader=_NoAliases) if fmt == "yaml" else json.loads(text)
+        return yaml.load(text, Loader=_NoAliases) if fmt == "yaml" else json.loads(text, object_pairs_hook=_unique_keys)
     except RecursionError as exc:
         raise SpecError([f"{what}: {fmt.upper()} nested too deeply"]) from exc
     except yaml.MarkedYAMLError as exc:
