@@ -115,3 +115,14 @@ def test_ctrl_c_stops_at_a_step_boundary_and_a_finished_run_starts_no_cluster(tm
     assert again.returncode == 0, out
     assert out.startswith("already finished: ") and "epoch 2 of 2" in out, out
     assert "Ray" not in out and "running 1 PS" not in out  # no cluster was started
+
+
+@pytest.mark.slow
+def test_max_steps_ends_with_a_checkpoint_there_and_the_line_to_resume(tmp_path):
+    from elasticps.runtime import CheckpointStore
+
+    out, _ = _train(tmp_path, "--max-steps", "12").communicate(timeout=300)
+    assert f"stopped at step 12: checkpoint in {tmp_path / 'ckpt'}; resume with: " in out, out
+    assert CheckpointStore(tmp_path / "ckpt").latest().step == 12
+    out, _ = _train(tmp_path, "--max-steps", "5").communicate(timeout=300)
+    assert "resumed from checkpoint at step 12" in out and "stopped at step 17" in out, out

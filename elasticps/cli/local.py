@@ -184,8 +184,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"running {shape_text(args.ps, args.workers)}: {job.placement()}", flush=True)
         with _stop_on_interrupt(job.stop):
             report = job.run(max_steps=args.max_steps)
+        if report.state == "running" and args.checkpoint_dir:  # --max-steps ran out: keep what they did
+            job.checkpoint()
     finally:
         job.shutdown()
+    if report.state == "running":  # --max-steps ran out
+        print(_resume_line(args.checkpoint_dir, report.step), flush=True)
+        return 0
     print(f"{report.state} at step {report.step}", flush=True)
     if report.state == "stopped":
         print(_resume_line(args.checkpoint_dir, report.step), flush=True)
