@@ -203,3 +203,24 @@ def test_a_jobs_output_is_kept_for_logs_not_printed_in_the_servers_terminal(tmp_
         stop_session(proc)
     assert "elasticps manager on http://" in log.read_text()
     assert "Train Epoch" not in log.read_text() and "Test set" not in log.read_text()
+
+
+def test_nowhere_to_write_is_refused_before_any_work(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = [
+        (["train", "elasticps.examples.digits:program", "--checkpoint-dir", str(afile)], "is a file: give a folder"),
+        (["train", "elasticps.examples.digits:program", "--checkpoint-dir", ""], "'' is empty: give a folder"),
+        (["train", "elasticps.examples.digits:program", "--checkpoint-dir", str(afile / "c")], "cannot make it"),
+        (["export", "j", "--out", str(tmp_path)], "is a folder: give a file's name"),
+        (["export", "j", "--out", str(afile / "m.pt")], "cannot make its folder"),
+        (["sim", "--jobs", "2", "--nodes", "2", "--quiet", "--json", str(afile / "x.json")], "cannot make its folder"),
+        (["sim", "--jobs", "2", "--nodes", "2", "--quiet", "--plot", str(afile)], "is a file: give a folder"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+    assert afile.read_text() == ""
+    with pytest.raises(SystemExit, match="export --args is for --program"):
+        main(["export", "j", "--out", str(tmp_path / "m.pt"), "--args", "epochs=1"])

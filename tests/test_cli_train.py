@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from elasticps.cli.local import _user_code_from_cwd, cmd_train, factory_args, job_config
-from elasticps.cli.main import build_parser
+from elasticps.cli.main import build_parser, main
 from elasticps.errors import ConfigError
 
 
@@ -118,11 +118,17 @@ def test_ctrl_c_stops_at_a_step_boundary_and_a_finished_run_starts_no_cluster(tm
 
 
 @pytest.mark.slow
-def test_max_steps_ends_with_a_checkpoint_there_and_the_line_to_resume(tmp_path):
+def test_max_steps_ends_with_a_checkpoint_there_and_the_line_to_resume(tmp_path, capsys):
     from elasticps.runtime import CheckpointStore
 
-    out, _ = _train(tmp_path, "--max-steps", "12").communicate(timeout=300)
+    out, _ = _train(tmp_path, "--max-steps", "12", "--args", "model=cnn").communicate(timeout=300)
     assert f"stopped at step 12: checkpoint in {tmp_path / 'ckpt'}; resume with: " in out, out
     assert CheckpointStore(tmp_path / "ckpt").latest().step == 12
-    out, _ = _train(tmp_path, "--max-steps", "5").communicate(timeout=300)
+    out, _ = _train(tmp_path, "--max-steps", "5", "--args", "model=cnn").communicate(timeout=300)
     assert "resumed from checkpoint at step 12" in out and "stopped at step 17" in out, out
+    # the model is the factory's with the arguments it trained with: export takes them too
+    export = ["export", "--program", "elasticps.examples.digits:program", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    assert main([*export, "--args", "model=cnn", "--out", str(tmp_path / "m.pt")]) == 0
+    assert (tmp_path / "m.pt").stat().st_size > 0
+    assert main([*export, "--out", str(tmp_path / "other.pt")]) == 2  # the default (mlp) model did not train
+    assert "is not of digits-mlp's model" in capsys.readouterr().err

@@ -22,6 +22,35 @@ def write_json(path: str | None, data: Any) -> None:
     print(text)
 
 
+def output_file(path: str, option: str) -> Path:
+    """Where ``option`` writes a file, its folder made: refused at once (a
+    ConfigError naming the option) where no file can be written, not after the work."""
+    from elasticps.errors import ConfigError
+
+    out = Path(path)
+    if not path or out.is_dir():
+        raise ConfigError(f"{option} {path!r} is {'empty' if not path else 'a folder'}: give a file's name")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot make its folder {out.parent}: {exc.strerror}") from None
+    return out
+
+
+def output_dir(path: str, option: str) -> Path:
+    """The folder ``option`` writes into, made: refused at once where it cannot be."""
+    from elasticps.errors import ConfigError
+
+    out = Path(path)
+    if not path or (out.exists() and not out.is_dir()):
+        raise ConfigError(f"{option} {path!r} is {'empty' if not path else 'a file'}: give a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: cannot make it: {exc.strerror}") from None
+    return out
+
+
 def plain(data: Any) -> Any:
     """API models as the JSON the API sent (for -o json|yaml)."""
     if isinstance(data, list):

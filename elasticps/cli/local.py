@@ -13,19 +13,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from elasticps.cli.common import default_workdir, nonnegative_int, positive_int
+from elasticps.cli.common import default_workdir, nonnegative_int, output_dir, output_file, positive_int
 from elasticps.tables import shape_text
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from elasticps.cli.export import export_job
 
+    output_file(args.out, "--out")  # a folder, or nowhere to write: before any work
+    if args.args and not args.program:
+        raise SystemExit("error: export --args is for --program (a manager's job has its arguments)")
     code_paths: list[str] = []
     unpacked_dir = tempfile.TemporaryDirectory(prefix="elasticps-code-")  # mode 0700: the operator's alone
     if args.program:  # a job trained with `elasticps train`
         if not args.checkpoint_dir or args.name:
             raise SystemExit("error: export --program needs --checkpoint-dir and no job name")
-        program, program_args, directory = args.program, {}, Path(args.checkpoint_dir)
+        program, program_args, directory = args.program, factory_args(args.args or []), Path(args.checkpoint_dir)
     else:  # a job of the manager whose workdir this is
         from elasticps.manager.store import Store
 
@@ -160,10 +163,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from elasticps.raycluster import ensure_ray
 
     program = load_program(args.program, program_args)
-    finished = _finished_run(args.checkpoint_dir, program.epochs)
+    finished = _finished_run(args.checkpoint_dir, program.epochs, args.program, tuple(args.args or ()))
     if finished:
         print(finished, flush=True)
         return 0
+    if args.checkpoint_dir is not None:  # a file, or a folder that cannot be made: before Ray starts
+        output_dir(args.checkpoint_dir, "--checkpoint-dir")
     ensure_ray(args.ray_address, num_cpus=args.num_cpus)
     config = job_config(args)
     job = JobController(
@@ -197,9 +202,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if report.state in ("finished", "stopped", "running") else 1
 
 
-def _finished_run(checkpoint_dir: str | None, epochs: int) -> str | None:
+def _finished_run(
+    checkpoint_dir: str | None, epochs: int, program: str = "...", given: tuple[str, ...] = ()
+) -> str | None:
     """What to say instead of training when ``checkpoint_dir``'s newest intact checkpoint
-    is at the program's last epoch (read only: no directory made, nothing renamed)."""
+    is at the program's last epoch (read only: no directory made, nothing renamed);
+    ``program`` and ``given`` (its --args) go into the command that exports the model."""
     from elasticps.runtime.checkpoint import CheckpointStore
 
     if not checkpoint_dir or not Path(checkpoint_dir).is_dir():
@@ -207,10 +215,14 @@ def _finished_run(checkpoint_dir: str | None, epochs: int) -> str | None:
     newest = next(CheckpointStore(checkpoint_dir).intact(), None)
     if newest is None or newest[1].position.epoch < epochs:
         return None
+    export = shlex.join(
+        ["elasticps", "export", "--program", program, "--checkpoint-dir", checkpoint_dir]
+        + [part for text in given for part in ("--args", text)]
+        + ["--out", "model.pt"]
+    )
     return (
         f"already finished: {checkpoint_dir} holds step {newest[1].step}, epoch {newest[1].position.epoch} of "
-        f"{epochs}; nothing to train (`elasticps export --program ... --checkpoint-dir {checkpoint_dir}` "
-        "writes the model)"
+        f"{epochs}; nothing to train (`{export}` writes the model)"
     )
 
 
@@ -250,6 +262,12 @@ def add_parsers(sub: Any) -> None:
     )
     export.add_argument("--program", help="instead of a job name: the program of an `elasticps train` run ...")
     export.add_argument("--checkpoint-dir", help="... and its --checkpoint-dir")
+    export.add_argument(
+        "--args",
+        action="append",
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="... and the --args it trained with (the factory's keyword arguments, read as train reads them)",
+    )
     export.set_defaults(func=cmd_export)
     train = sub.add_parser("train", help="train one program at a fixed shape (resumes from --checkpoint-dir)")
     train.add_argument(

@@ -15,6 +15,8 @@ from elasticps.cli.common import (
     DefaultsHelp,
     nonnegative_float,
     nonnegative_int,
+    output_dir,
+    output_file,
     positive_float,
     positive_int,
     share_of_jobs,
@@ -98,6 +100,10 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.gaps and (ORACLE not in (args.compare or []) or args.seeds is not None):
         raise ConfigError("--gaps compares with the oracle on one seed: give --compare ...,oracle, not --seeds")
+    if args.json:  # nowhere to write: refused before the runs, not after them
+        output_file(args.json, "--json")
+    if args.plot:
+        output_dir(args.plot, "--plot")
     if args.gpu_jobs and not args.node_gpu:
         raise ConfigError("--gpu-jobs makes GPU jobs: give the nodes GPUs too (--node-gpu N)")
     if args.trace:
