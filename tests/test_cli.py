@@ -222,5 +222,5 @@ def test_nowhere_to_write_is_refused_before_any_work(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
     assert afile.read_text() == ""
-    with pytest.raises(SystemExit, match="export --args is for --program"):
-        main(["export", "j", "--out", str(tmp_path / "m.pt"), "--args", "epochs=1"])
+    assert main(["export", "j", "--out", str(tmp_path / "m.pt"), "--args", "epochs=1"]) == 2
+    assert capsys.readouterr().err == "error: export --args is for --program (a manager's job has its arguments)\n"

@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from elasticps.errors import ConfigError
 from elasticps.sched import ClusterView, JobView, NodeView, Observation, PolicyState, Resources, SpeedModel
 from elasticps.sched.policies import make_policy
 from elasticps.sched.types import SpeedFn
@@ -42,9 +43,9 @@ def load_grid(path: str | Path) -> tuple[dict[Shape, list[float]], dict[Shape, i
         runs = {shape: [float(v) for v in g["runs"]] for shape, g in grid}
         nodes = {shape: int(g.get("nodes", 1)) for shape, g in grid}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(f"{path}: not a grid written by 'elasticps bench shapes' ({exc})") from None
+        raise ConfigError(f"{path}: not a grid written by 'elasticps bench shapes' ({exc})") from None
     if not runs or any(not v or min(v) <= 0 for v in runs.values()):
-        raise SystemExit(f"{path}: every shape of the grid needs at least one speed > 0")
+        raise ConfigError(f"{path}: every shape of the grid needs at least one speed > 0")
     return runs, nodes, data.get("workload", {})
 
 

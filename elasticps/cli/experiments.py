@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticps.cli.common import POLICIES, nonnegative_int, positive_float, positive_int, write_json
+from elasticps.errors import ConfigError
 from elasticps.sim.truth import GRID_PATH
 
 
@@ -140,7 +141,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for option, benchmarks in _BENCH_OPTIONS.items():
         if option in given and args.what not in benchmarks:
             flag = "--" + option.replace("_", "-")
-            raise SystemExit(f"error: bench {args.what} does not take {flag} (bench {', '.join(benchmarks)} does)")
+            raise ConfigError(f"bench {args.what} does not take {flag} (bench {', '.join(benchmarks)} does)")
     if args.what == "runtime":
         from elasticps.bench import runtime_bench
 
@@ -181,8 +182,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.grid_limits is not None:
             grid = _int_list(args.grid_limits)
             if len(grid) != 3 or min(grid) < 1 or grid[2] < 2:
-                raise SystemExit(
-                    "error: --grid-limits: three numbers MAX_PS,MAX_WORKERS,MAX_TASKS, each at least 1 and "
+                raise ConfigError(
+                    "--grid-limits: three numbers MAX_PS,MAX_WORKERS,MAX_TASKS, each at least 1 and "
                     f"MAX_TASKS at least 2 (one PS and one worker), got {args.grid_limits!r}"
                 )
             shape_args.update(zip(("max_ps", "max_workers", "max_tasks"), grid, strict=True))
@@ -192,7 +193,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         try:
             result = shapes_bench.run(say=say, **shape_args)
         except ValueError as exc:
-            raise SystemExit(f"error: bench shapes: {exc}") from None
+            raise ConfigError(f"bench shapes: {exc}") from None
         write_json(args.json, result)
         return 0
     if args.what == "explore":
@@ -201,7 +202,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = explore_bench.run(args.grid, probes=_int_list(args.probes))
         if args.heatmap is not None:
             if not args.heatmap:
-                raise SystemExit("error: --heatmap: the PNG file to draw into")
+                raise ConfigError("--heatmap: the PNG file to draw into")
             from elasticps.bench.grid_plot import heatmap
 
             runs, _, _ = explore_bench.load_grid(args.grid)
@@ -217,7 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 _int_list(args.batches), seeds=args.seeds, target=args.target, lr=args.lr, say=say
             )
         except ValueError as exc:
-            raise SystemExit(f"error: bench batches: {exc}") from None
+            raise ConfigError(f"bench batches: {exc}") from None
         write_json(args.json, result)
         return 0
     if args.what == "peers":
@@ -251,7 +252,7 @@ def _bench_peers(args: argparse.Namespace) -> int:
     try:
         config = dataclasses.replace(config, **changes)
     except ValueError as exc:
-        raise SystemExit(f"error: bench peers: {exc}") from None
+        raise ConfigError(f"bench peers: {exc}") from None
     result = peers.run(config, say=lambda line: print(line, file=sys.stderr, flush=True))
     print(report.table(result), file=sys.stderr)
     print(f"plot: {report.plot(result, Path(args.plot))}", file=sys.stderr)
@@ -268,7 +269,7 @@ def _int_list(text: str) -> list[int]:
     try:
         return [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"expected comma-separated integers, got {text!r}") from None
+        raise ConfigError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def add_parsers(sub: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from elasticps.cli.common import dump, plain, positive_float, task_range
 from elasticps.cli.follow import print_line, print_output, wait
 from elasticps.cli.readable import describe_text, event_line
+from elasticps.errors import ConfigError
 from elasticps.tables import format_table
 
 
@@ -103,7 +104,7 @@ def cmd_client(args: argparse.Namespace) -> int:
             print(f"{args.name}: {client.cancel(args.name).state}")
         elif args.command == "scale":
             if args.ps is None and args.workers is None:
-                raise SystemExit("error: scale: give --ps and/or --workers")
+                raise ConfigError("scale: give --ps and/or --workers")
             spec = client.scale(args.name, ps=args.ps, workers=args.workers).spec
             print(f"{args.name}: ps {spec.ps.min}..{spec.ps.max}, workers {spec.workers.min}..{spec.workers.max}")
         elif args.command == "retry":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticps.cli.common import default_workdir, nonnegative_int, output_dir, output_file, positive_int
+from elasticps.errors import ConfigError
 from elasticps.tables import shape_text
 
 
@@ -22,26 +23,26 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     output_file(args.out, "--out")  # a folder, or nowhere to write: before any work
     if args.args and not args.program:
-        raise SystemExit("error: export --args is for --program (a manager's job has its arguments)")
+        raise ConfigError("export --args is for --program (a manager's job has its arguments)")
     code_paths: list[str] = []
     unpacked_dir = tempfile.TemporaryDirectory(prefix="elasticps-code-")  # mode 0700: the operator's alone
     if args.program:  # a job trained with `elasticps train`
         if not args.checkpoint_dir or args.name:
-            raise SystemExit("error: export --program needs --checkpoint-dir and no job name")
+            raise ConfigError("export --program needs --checkpoint-dir and no job name")
         program, program_args, directory = args.program, factory_args(args.args or []), Path(args.checkpoint_dir)
     else:  # a job of the manager whose workdir this is
         from elasticps.manager.store import Store
 
         if not args.name:
-            raise SystemExit("error: export: give a job name (or --program and --checkpoint-dir)")
+            raise ConfigError("export: give a job name (or --program and --checkpoint-dir)")
         workdir = Path(args.workdir)
         if not (workdir / "manager.db").exists():
-            raise SystemExit(f"error: no manager database in {workdir} (--workdir)")
+            raise ConfigError(f"no manager database in {workdir} (--workdir)")
         store = Store(workdir / "manager.db")
         try:
             spec = store.get_job(args.name).spec
         except KeyError:
-            raise SystemExit(f"error: no job {args.name!r} in {workdir}") from None
+            raise ConfigError(f"no job {args.name!r} in {workdir}") from None
         finally:
             store.close()
         from elasticps.manager.pinning import CODE_DIR, unpacked

@@ -22,6 +22,7 @@ from elasticps.cli.common import (
     positive_float,
     positive_int,
 )
+from elasticps.errors import ConfigError
 
 
 def _ship_roots(text: str | None) -> tuple[str, ...] | None:
@@ -31,7 +32,7 @@ def _ship_roots(text: str | None) -> tuple[str, ...] | None:
     roots = tuple(r.strip() for r in text.split(",") if r.strip())
     bad = [r for r in roots if not Path(r).is_absolute() or not Path(r).is_dir()]
     if bad or not roots:
-        raise SystemExit(f"error: --ship-roots takes existing absolute directories, got {text!r}")
+        raise ConfigError(f"--ship-roots takes existing absolute directories, got {text!r}")
     return roots
 
 
@@ -51,7 +52,7 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise SystemExit(f"error: cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(2048)
     return sock
 
