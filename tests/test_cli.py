@@ -224,3 +224,11 @@ def test_nowhere_to_write_is_refused_before_any_work(tmp_path, capsys):
     assert afile.read_text() == ""
     assert main(["export", "j", "--out", str(tmp_path / "m.pt"), "--args", "epochs=1"]) == 2
     assert capsys.readouterr().err == "error: export --args is for --program (a manager's job has its arguments)\n"
+
+
+def test_bad_ship_roots_are_refused_before_anything_is_made(tmp_path):
+    args = ["server", "--workdir", str(tmp_path / "state"), "--port", "0", "--ship-roots", "relative/dir"]
+    done = subprocess.run([sys.executable, "-m", "elasticps", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == "error: --ship-roots takes existing absolute directories, got 'relative/dir'\n"
+    assert not (tmp_path / "state").exists()

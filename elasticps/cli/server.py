@@ -70,6 +70,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     )
     from elasticps.raycluster import LOOPBACK_ENV
 
+    ship_roots = _ship_roots(args.ship_roots)  # a bad one: refused before anything is made or started
     workdir = Path(args.workdir)
     secure_workdir(workdir)  # 0700, files 0600, umask 077 here and in the Ray processes we start
     if args.ray_address in (None, "", "local"):
@@ -121,7 +122,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
         Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options,
-        allow_programs=allow, ship_roots=_ship_roots(args.ship_roots),
+        allow_programs=allow, ship_roots=ship_roots,
     )  # fmt: skip
     if args.kuberay:
         from elasticps.k8s.deploy import kuberay_growth
