@@ -66,8 +66,6 @@ def factory_args(given: list[str]) -> dict[str, Any]:
     value read as a YAML scalar (40 an int, 0.1 a float, true a bool, text a string)."""
     import yaml
 
-    from elasticps.errors import ConfigError
-
     out: dict[str, Any] = {}
     for item in (part for text in given for part in text.split(",") if part.strip()):
         key, sep, value = item.partition("=")
@@ -121,8 +119,6 @@ def _check_local_cpus(args: argparse.Namespace) -> None:
     import math
     import os
 
-    from elasticps.errors import ConfigError
-
     if args.ray_address not in (None, "", "local"):
         return
     need = cpus_needed(args.ps, args.workers)
@@ -150,7 +146,6 @@ def _user_code_from_cwd() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from elasticps.errors import ConfigError
     from elasticps.limits import MAX_TASKS
 
     if args.ps < 1 or args.workers < 1:

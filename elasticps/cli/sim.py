@@ -150,7 +150,6 @@ def cmd_sim(args: argparse.Namespace) -> int:
         data["gaps_to_oracle"] = gaps_by_group(_workload(args, args.seed), results)
         print(format_gaps(data["gaps_to_oracle"], list(results)))  # the oracle's row: where the best shapes lie
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     if len(results) == 1 and not args.json:
         print(json.dumps(data, indent=2, default=str))
@@ -257,7 +256,6 @@ def _sim_seeds(args: argparse.Namespace, runs: list[tuple[str, str]]) -> int:
             "summary": summary,
             "per_seed": {seed: {n: r.to_dict() for n, r in results.items()} for seed, results in per_seed.items()},
         }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
     return 0
 
