@@ -300,6 +300,42 @@ def load_program(ref: Any, args: Mapping[str, Any] | None = None) -> Any:
     return obj
 
 
+_SCALARS = (bool, int, float, str)  # what a spec's or the CLI's arguments can be
+
+
+def _takes(hint: Any, value: Any) -> bool | None:
+    """Whether ``value`` fits the annotation ``hint`` (None: a hint not checked here)."""
+    import types
+    import typing
+
+    if value is None:  # null: for `x: int = None` too, however loosely typed
+        return None
+    if hint in _SCALARS:
+        if isinstance(value, bool):  # an int, to Python: not to someone who wrote `epochs: int`
+            return hint is bool
+        return isinstance(value, hint) or (hint is float and isinstance(value, int))
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        fits = [_takes(h, value) for h in typing.get_args(hint) if h is not type(None)]
+        return None if None in fits else any(fits)
+    return None
+
+
+def _check_arg_types(ref: str, fn: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    """An argument of the wrong type for the scalar annotation of its parameter
+    (``epochs=abc`` for ``epochs: int``) is refused naming the argument, before the
+    factory runs and fails somewhere inside on it."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # annotations that do not resolve are not ours to judge
+        return
+    for name, value in args.items():
+        if name in hints and _takes(hints[name], value) is False:
+            want = getattr(hints[name], "__name__", None) or str(hints[name])
+            raise ProgramError(f"argument {name}={value!r}: {ref!r} takes {name} as {want}, got {type(value).__name__}")
+
+
 def _call(ref: str, fn: Callable[..., Any], args: Mapping[str, Any] | None, describe: Callable[..., Any]) -> Any:
     """A factory's program, or a training loop's description."""
     from elasticps.loop.program import LoopProgram
@@ -310,6 +346,7 @@ def _call(ref: str, fn: Callable[..., Any], args: Mapping[str, Any] | None, desc
         raise ProgramError(f"cannot call {ref!r} with arguments {dict(args or {})}: {exc}") from exc
     except ValueError:  # no signature to check it against
         pass
+    _check_arg_types(ref, fn, args or {})
     try:
         obj = describe(ref, fn, dict(args or {}))
     except ProgramError:

@@ -11,12 +11,37 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
+
+from elasticps.errors import ConfigError
 
 log = logging.getLogger("elasticps")
 
 #: Read by Ray at import: "0" makes the node's address loopback (a one-machine cluster).
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def check_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """A ConfigError, at once, for a Ray address that is malformed or where nothing
+    listens: ``ray.init`` would raise a ValueError traceback for the one and retry for
+    minutes on the other. ``None``, ``local`` and ``auto`` (Ray finds it) pass."""
+    if address in (None, "", "local", "auto"):
+        return
+    if address.startswith("ray://"):  # Ray Client: the job's driver would run here, far from its tasks
+        raise ConfigError(
+            f"Ray address {address!r}: Ray Client (ray://) is not supported; run elasticps on a node of the "
+            "cluster and give its GCS address, HOST:PORT (port 6379 by default), or auto"
+        )
+    host, sep, port = address.rpartition(":")
+    host = host.strip("[]")  # an IPv6 host: [::1]:6379
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"Ray address {address!r}: expected HOST:PORT (a Ray cluster's GCS), auto or local")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__  # a timeout has no strerror
+        raise ConfigError(f"cannot reach a Ray cluster at {address}: {why}") from None
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None, log_to_driver: bool = True) -> None:
@@ -36,4 +61,5 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None, log_to_d
             log.info("Ray was imported before the embedded cluster was set up: its ports listen on every interface")
         ray.init(address="local", num_cpus=num_cpus, _node_ip_address="127.0.0.1", **kwargs)
     else:
+        check_address(address)
         ray.init(address=address, **kwargs)

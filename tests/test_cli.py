@@ -9,6 +9,7 @@ import pytest
 
 from elasticps import __version__
 from elasticps.cli.main import main
+from elasticps.errors import ConfigError
 
 
 def test_version():
@@ -74,11 +75,45 @@ def test_a_port_in_use_is_refused_in_one_line_before_ray_starts(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        args = ["server", "--workdir", str(tmp_path), "--port", str(port)]
+        args = ["server", "--workdir", str(tmp_path / "state"), "--port", str(port)]
         done = subprocess.run([sys.executable, "-m", "elasticps", *args], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
     assert done.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
     assert "Ray" not in done.stdout + done.stderr
+    assert not (tmp_path / "state").exists()  # no workdir, no token files left for a server that never ran
+
+
+def test_a_ray_address_malformed_or_with_nothing_there_is_refused_at_once(tmp_path):
+    import socket
+
+    from elasticps.raycluster import check_address
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        closed = free.getsockname()[1]  # bound, not listening: a connection is refused
+        with socket.socket() as gcs:
+            gcs.bind(("127.0.0.1", 0))
+            gcs.listen(1)
+            check_address(f"127.0.0.1:{gcs.getsockname()[1]}")  # something listens: left to Ray
+        with pytest.raises(ConfigError, match=rf"cannot reach a Ray cluster at 127.0.0.1:{closed}: Connection refused"):
+            check_address(f"127.0.0.1:{closed}")
+        for bad in ("bogus", "host:", ":6379", "host:0", "host:65536", "host:port"):
+            with pytest.raises(ConfigError, match="expected HOST:PORT"):
+                check_address(bad)
+        with pytest.raises(ConfigError, match=r"Ray Client \(ray://\) is not supported"):
+            check_address("ray://127.0.0.1:10001")
+        for passed in (None, "", "local", "auto"):
+            check_address(passed)
+        args = ["server", "--workdir", str(tmp_path / "state"), "--ray-address", f"127.0.0.1:{closed}"]
+        server = subprocess.run([sys.executable, "-m", "elasticps", *args], capture_output=True, text=True, timeout=120)
+        train = subprocess.run(
+            [sys.executable, "-m", "elasticps", "train", "elasticps.examples.digits:program", "--ray-address", "bogus"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert server.returncode == 2 and not (tmp_path / "state").exists()
+    assert server.stderr.strip() == f"error: cannot reach a Ray cluster at 127.0.0.1:{closed}: Connection refused"
+    assert train.returncode == 2 and "Traceback" not in train.stderr
+    assert train.stderr.strip() == "error: Ray address 'bogus': expected HOST:PORT (a Ray cluster's GCS), auto or local"
 
 
 @pytest.mark.slow

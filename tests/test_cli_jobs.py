@@ -106,6 +106,17 @@ def test_logs_follow_ends_with_the_final_state_and_a_closed_pipe_is_quiet(cli, s
     assert re.match(TIME, many.stdout) and "Traceback" not in many.stderr and "BrokenPipe" not in many.stderr
 
 
+def test_logs_of_a_job_that_printed_nothing_say_so(site, monkeypatch, capsys):
+    _, url = site
+    monkeypatch.setenv("ELASTICPS_TOKEN", "s3cret" * 3)
+    assert main(["logs", "alpha", "--url", url]) == 0  # the in-memory runtime's jobs print nothing
+    said = capsys.readouterr()
+    assert said.out == "" and said.err == "alpha: running, printed nothing yet; --progress shows its progress log\n"
+    assert main(["logs", "gamma", "--progress", "--url", url]) == 0  # cancelled before it ran: no progress either
+    said = capsys.readouterr()
+    assert said.out == "" and said.err == "gamma: cancelled, has no progress log\n"
+
+
 def test_ctrl_c_while_following_stops_the_client_not_the_job_in_a_line(cli, site, monkeypatch, capsys):
     from elasticps.manager.client import Client
 

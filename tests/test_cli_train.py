@@ -66,8 +66,10 @@ def test_a_runs_standby_workers_reach_its_job_and_a_bad_count_is_refused():
     for bad in ("-1", "1.5", "two"):
         with pytest.raises(SystemExit):
             parse("--standby-workers", bad)
-    with pytest.raises(ConfigError, match="--standby-workers 1025: a job keeps at most 1024"):
-        cmd_train(parse("--standby-workers", "1025"))  # before a Ray cluster starts
+    with pytest.raises(ConfigError, match=r"--standby-workers 3: .* more than --workers \(2\) are never used"):
+        cmd_train(parse("--workers", "2", "--standby-workers", "3"))  # before a Ray cluster starts
+    with pytest.raises(ConfigError, match=r"--standby-workers 1025: .*\(1\)"):
+        cmd_train(parse("--standby-workers", "1025"))
 
 
 def test_the_current_directory_is_on_the_path_for_the_driver_and_the_workers(tmp_path, monkeypatch):

@@ -195,7 +195,10 @@ def test_cli_scale_changes_the_limits_and_reads_print_json_or_yaml(server, monke
     assert (spec.ps.min, spec.ps.max, spec.workers.min, spec.workers.max) == (3, 3, 2, 8)
     with pytest.raises(SystemExit):
         main(["scale", "sc", "--workers", "8..2", "--url", url])  # refused by the parser
-    assert "expected 0 <= MIN <= MAX, got '8..2'" in capsys.readouterr().err
+    assert "expected 1 <= MIN <= MAX, got '8..2'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["scale", "sc", "--ps", "0..2", "--url", url])  # a job needs a PS: refused before a request
+    assert "expected 1 <= MIN <= MAX, got '0..2'" in capsys.readouterr().err
     assert main(["scale", "sc", "--url", url]) == 2
     assert "error: scale: give --ps and/or --workers" in capsys.readouterr().err
     capsys.readouterr()

@@ -112,6 +112,28 @@ def test_a_type_error_inside_a_factory_is_its_own_not_a_wrong_argument():
         load_program(factory, {"epoch": 7})
 
 
+def test_an_argument_of_the_wrong_type_is_named_before_the_factory_runs():
+    ran = []
+
+    def factory(epochs: int, lr: float = 0.1, cut: int | None = None, name: str = "x", shuffle: bool = True, **kw):
+        ran.append(epochs)
+        return digits.program(epochs=epochs)
+
+    for args, said in [
+        ({"epochs": "abc"}, "argument epochs='abc': .* takes epochs as int, got str"),
+        ({"epochs": True}, "argument epochs=True: .* takes epochs as int, got bool"),  # YAML's `true`, not 1
+        ({"epochs": 2.5}, "takes epochs as int, got float"),
+        ({"epochs": 2, "cut": "all"}, r"argument cut='all': .* takes cut as int \| None, got str"),
+        ({"epochs": 2, "shuffle": "no"}, "takes shuffle as bool, got str"),
+        ({"epochs": 2, "name": 3}, "takes name as str, got int"),
+    ]:
+        with pytest.raises(ProgramError, match=said):
+            load_program(factory, args)
+    assert ran == []  # refused before the factory ran
+    assert load_program(factory, {"epochs": 2, "lr": 1, "cut": None, "other": "free"}).epochs == 2  # int for float
+    assert ran == [2]
+
+
 def test_a_module_that_raises_while_imported_is_a_program_error_naming_it(tmp_path, monkeypatch):
     (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('no config file')\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -59,6 +59,13 @@ def test_every_error_crosses_as_text_whatever_its_type():
     with pytest.raises(RemoteError, match="Fatal: it escapes") as caught:
         parse(answer(boom), "x")
     assert 'raise Fatal("it escapes' in with_trace(caught.value)  # the user's line comes along
+    from elasticps.errors import ProgramError
+    from elasticps.program import load_program
+
+    for ref in ("elasticps.examples.digits:nothere", "nosuch.mod:program"):  # no user frame: the message alone
+        with pytest.raises(ProgramError) as caught:
+            parse(answer(lambda ref=ref: load_program(ref)), "x")
+        assert with_trace(caught.value) == str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(ConfigError, match="no"):  # elasticps's own errors keep their class
         parse(answer(lambda: (_ for _ in ()).throw(ConfigError("no"))), "x")
 

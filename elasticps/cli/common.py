@@ -73,8 +73,8 @@ def task_range(text: str) -> tuple[int, int]:
         low, high = int(lo), int(hi) if sep else int(lo)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or MIN..MAX, got {text!r}") from None
-    if not 0 <= low <= high:
-        raise argparse.ArgumentTypeError(f"expected 0 <= MIN <= MAX, got {text!r}")
+    if not 1 <= low <= high:  # a job needs at least one PS and one worker
+        raise argparse.ArgumentTypeError(f"expected 1 <= MIN <= MAX, got {text!r}")
     return low, high
 
 

@@ -23,10 +23,14 @@ def print_piece(piece: Any) -> None:
     print(piece.text, end="", flush=True)
 
 
-def print_output(client: Any, name: str, follow: bool) -> None:
-    """What the job printed, tagged by task, and the traceback of a failure."""
+def print_output(client: Any, name: str, follow: bool) -> bool:
+    """What the job printed, tagged by task, and the traceback of a failure;
+    False if there was nothing to show."""
+    shown = False
     for piece in client.output(name, follow=follow):
         print_piece(piece)
+        shown = shown or bool(piece.text or piece.dropped)
+    return shown
 
 
 def wait(client: Any, name: str, poll_s: float = 1.0) -> int:

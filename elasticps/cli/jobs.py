@@ -68,9 +68,12 @@ def _watch_status(client: Any, every_s: float, args: argparse.Namespace) -> int:
         return 0
 
 
-def _print_logs(client: Any, name: str, follow: bool) -> None:
+def _print_logs(client: Any, name: str, follow: bool) -> bool:
+    shown = False
     for line in client.logs(name, follow=follow):
         print_line(line)
+        shown = True
+    return shown
 
 
 def cmd_client(args: argparse.Namespace) -> int:
@@ -130,8 +133,12 @@ def cmd_client(args: argparse.Namespace) -> int:
                     print(f"{args.name}: {client.job(args.name).state}", flush=True)
 
                 return _watching(args.name, follow)
-            else:
-                show(client, args.name, False)
+            elif not show(client, args.name, False):  # said, or an empty screen reads as a hang or a fault
+                state = client.job(args.name).state
+                what = "has no progress log" if args.progress else "printed nothing"
+                hint = "" if args.progress else "; --progress shows its progress log"
+                yet = "" if JobState(state).ended else " yet"
+                print(f"{args.name}: {state}, {what}{yet}{hint}", file=sys.stderr)
         elif args.command == "events":
             events = client.events(args.name)
             if args.tail is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from elasticps.cli.common import default_workdir, nonnegative_int, output_dir, output_file, positive_int
 from elasticps.errors import ConfigError
+from elasticps.raycluster import check_address
 from elasticps.tables import shape_text
 
 
@@ -150,10 +151,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.ps < 1 or args.workers < 1:
         raise ConfigError(f"a job needs at least 1 PS and 1 worker, got {args.ps}x{args.workers}")
-    if args.standby_workers > MAX_TASKS:  # before a cluster starts: JobConfig would refuse it after
-        raise ConfigError(f"--standby-workers {args.standby_workers}: a job keeps at most {MAX_TASKS}")
+    if args.standby_workers > min(args.workers, MAX_TASKS):  # before a cluster starts
+        raise ConfigError(
+            f"--standby-workers {args.standby_workers}: train keeps its shape, so a standby only takes a dead "
+            f"worker's place; more than --workers ({args.workers}) are never used"
+        )
     program_args = factory_args(args.args or [])
     _check_local_cpus(args)
+    check_address(args.ray_address)  # malformed or nothing there: said now, not after minutes of Ray's retries
     _user_code_from_cwd()
     from elasticps import JobController, load_program  # Ray and torch: after the checks
     from elasticps.raycluster import ensure_ray
@@ -296,8 +301,8 @@ def add_parsers(sub: Any) -> None:
         "--standby-workers",
         type=nonnegative_int,
         default=0,
-        help="worker processes started ahead, holding no resources until a grow takes one (default 0); "
-        "each costs its process's memory for the run and its start's CPU once",
+        help="worker processes started ahead, holding no resources until one takes a dead worker's place "
+        "(default 0; at most --workers); each costs its process's memory for the run and its start's CPU once",
     )
     train.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     train.add_argument(

@@ -68,9 +68,12 @@ def cmd_server(args: argparse.Namespace) -> int:
         secure_workdir,
         without_token,
     )
-    from elasticps.raycluster import LOOPBACK_ENV
+    from elasticps.raycluster import LOOPBACK_ENV, check_address
 
-    ship_roots = _ship_roots(args.ship_roots)  # a bad one: refused before anything is made or started
+    # refused before anything is made or started: a bad --ship-roots, a port in use, a Ray cluster not there
+    ship_roots = _ship_roots(args.ship_roots)
+    _listen(args.host, args.port).close()  # bound for good below, after the restart that sets Ray's auth up
+    check_address(args.ray_address)
     workdir = Path(args.workdir)
     secure_workdir(workdir)  # 0700, files 0600, umask 077 here and in the Ray processes we start
     if args.ray_address in (None, "", "local"):

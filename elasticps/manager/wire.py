@@ -148,13 +148,29 @@ def raise_remote(type_name: str, message: str, trace: str) -> typing.NoReturn:
     raise RemoteError(type_name, message, trace)
 
 
+_FRAME = re.compile(r'^\s*File "([^"]+)"')
+
+
+def _users(path: str) -> bool:
+    """A frame of the user's code: not Python's import machinery, not elasticps's own."""
+    import os
+
+    import elasticps
+
+    return not path.startswith("<") and not path.startswith(os.path.dirname(elasticps.__file__) + os.sep)
+
+
 def with_trace(exc: BaseException, lines: int = 6) -> str:
     """The error's message and, if it came from a job's process, the innermost
-    lines of the first traceback of its chain (the user's own code, usually)."""
+    lines of the first traceback of its chain, where one of them is the user's
+    code (elasticps's own checks and Python's import machinery say no more than
+    the message: a missing module, a missing attribute)."""
     trace = getattr(exc, "remote_traceback", "") or ""
     first = re.split(r"\n(?:The above exception was the direct cause|During handling of the above)", trace)[0]
     excerpt = [ln for ln in first.splitlines() if ln.strip()][-lines:]
-    return f"{exc}\n" + "\n".join(excerpt)[-1200:] if excerpt else str(exc)
+    if not any((m := _FRAME.match(ln)) and _users(m.group(1)) for ln in excerpt):
+        return str(exc)
+    return f"{exc}\n" + "\n".join(excerpt)[-1200:]
 
 
 def decode(cls: Any, data: Any, where: str = "value") -> Any:
