@@ -261,6 +261,37 @@ def test_nowhere_to_write_is_refused_before_any_work(tmp_path, capsys):
     assert capsys.readouterr().err == "error: export --args is for --program (a manager's job has its arguments)\n"
 
 
+def test_an_export_behind_the_steps_its_job_reached_says_so(tmp_path, capsys):
+    import time
+
+    import numpy as np
+
+    from elasticps.examples import digits
+    from elasticps.manager import Store, parse_spec
+    from elasticps.manager.workdir import job_dir
+    from elasticps.runtime.checkpoint import Checkpoint, CheckpointStore
+    from elasticps.runtime.data import DataPosition
+    from elasticps.runtime.flat import flat_params
+    from elasticps.runtime.shard_state import ShardState
+
+    store = Store(tmp_path / "manager.db")  # a job that failed at step 4, its only checkpoint the one at its start
+    store.add_job(parse_spec("name: j\nprogram: elasticps.examples.digits:program\n"), time.time())
+    store.set_progress("j", {"step": 4, "epoch": 0})
+    store.transition("j", "running", time.time())
+    store.transition("j", "failed", time.time())
+    store.close()
+    params = flat_params(digits.mlp()).astype(np.float32)
+    at_start = Checkpoint(0, DataPosition(0, 0), ShardState(params, {}, {}), seed=0, optimizer="sgd", samples_seen=0)
+    CheckpointStore(job_dir(tmp_path, "j") / "checkpoints").save(at_start)
+    assert main(["export", "j", "--workdir", str(tmp_path), "--out", str(tmp_path / "m.pt")]) == 0
+    said = capsys.readouterr()
+    assert said.out.startswith(f"wrote {tmp_path / 'm.pt'}: digits-mlp, step 0, epoch 0")
+    assert said.err == (
+        "warning: j failed at step 4; its newest checkpoint is at step 0, so the 4 steps after it are not in this "
+        "model\nwarning: step 0 is the model as it was built, before any training\n"
+    )
+
+
 def test_bad_ship_roots_are_refused_before_anything_is_made(tmp_path):
     args = ["server", "--workdir", str(tmp_path / "state"), "--port", "0", "--ship-roots", "relative/dir"]
     done = subprocess.run([sys.executable, "-m", "elasticps", *args], capture_output=True, text=True, timeout=120)

@@ -93,3 +93,20 @@ def test_tick_rounds_only_reaches_the_simulator_and_changes_the_run(tmp_path):
 def test_gpu_jobs_without_gpu_nodes_say_which_option_is_missing(capsys):
     assert main(["sim", "--gpu-jobs", "0.5", "--jobs", "5"]) == 2
     assert "give the nodes GPUs too (--node-gpu N)" in capsys.readouterr().err
+
+
+def test_an_option_no_policy_of_the_run_takes_is_refused(capsys):
+    cases = [
+        (["--policy", "static", "--joint-trades", "4"], "--joint-trades: no policy run here (static) takes it"),
+        (["--compare", "static,greedy", "--efficiency-threshold", "0.5"], "run here (static, greedy) takes it"),
+        (["--policy", "tiresias", "--objective", "speed"], "(those that do: optimus, elastic)"),
+        (["--policy", "pollux", "--objectives", "goodput,speed"], "--objectives: no policy run here (pollux)"),
+    ]
+    for extra, message in cases:
+        assert main(["sim", "--jobs", "3", "--nodes", "2", "--quiet", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+    # taken by one policy of the run (the oracle decides with elastic's code): runs
+    both = ["--compare", "static,oracle", "--joint-trades", "4"]
+    assert main(["sim", "--jobs", "3", "--nodes", "2", "--quiet", *both]) == 0
+    assert "oracle vs static" in capsys.readouterr().out

@@ -26,6 +26,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.args and not args.program:
         raise ConfigError("export --args is for --program (a manager's job has its arguments)")
     code_paths: list[str] = []
+    reached = None  # the step a manager's job reached (its kept progress)
     unpacked_dir = tempfile.TemporaryDirectory(prefix="elasticps-code-")  # mode 0700: the operator's alone
     if args.program:  # a job trained with `elasticps train`
         if not args.checkpoint_dir or args.name:
@@ -41,11 +42,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise ConfigError(f"no manager database in {workdir} (--workdir)")
         store = Store(workdir / "manager.db")
         try:
-            spec = store.get_job(args.name).spec
+            record = store.get_job(args.name)
+            reached = (store.progress(args.name) or {}).get("step")
         except KeyError:
             raise ConfigError(f"no job {args.name!r} in {workdir}") from None
         finally:
             store.close()
+        spec = record.spec
         from elasticps.manager.pinning import CODE_DIR, unpacked
         from elasticps.manager.workdir import job_dir
 
@@ -59,6 +62,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(
         f"wrote {args.out}: {info['name']}, step {info['step']}, epoch {info['epoch']}, {info['parameters']} parameters"
     )
+    if not args.program and isinstance(reached, int) and reached > info["step"]:
+        print(
+            f"warning: {args.name} {record.state} at step {reached}; its newest checkpoint is at step {info['step']}, "
+            f"so the {reached - info['step']} steps after it are not in this model",
+            file=sys.stderr,
+        )
+    if info["step"] == 0:
+        print("warning: step 0 is the model as it was built, before any training", file=sys.stderr)
     return 0
 
 

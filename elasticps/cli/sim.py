@@ -98,6 +98,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--adaptive-jobs applies to the synthetic workload only")
     from elasticps.sim.config import ORACLE
 
+    _check_policy_options(args)
     if args.gaps and (ORACLE not in (args.compare or []) or args.seeds is not None):
         raise ConfigError("--gaps compares with the oracle on one seed: give --compare ...,oracle, not --seeds")
     if args.json:  # nowhere to write: refused before the runs, not after them
@@ -119,6 +120,27 @@ def _check(args: argparse.Namespace) -> None:
             raise ConfigError(f"--workload {args.workload}: no such file")
         if not load_workload(args.workload):  # a bad row is a ConfigError naming it
             raise ConfigError(f"--workload {args.workload}: no jobs in it")
+
+
+def _check_policy_options(args: argparse.Namespace) -> None:
+    """An option given for policies none of which runs (``--joint-trades`` with
+    ``static`` alone) is refused: it would be read as having been taken."""
+    from elasticps.errors import ConfigError
+    from elasticps.sched.policies import POLICIES, policy_options
+    from elasticps.sim.config import ORACLES
+
+    names = args.compare or [args.policy]
+    taken = {o for n in names for o in policy_options("elastic" if n in ORACLES else n)}
+    given = {
+        "--joint-trades": ("joint_trades", args.joint_trades),
+        "--efficiency-threshold": ("efficiency_threshold", args.efficiency_threshold),
+        "--objectives": ("objective", args.objectives),
+        "--objective": ("objective", args.objective != "goodput"),
+    }
+    for flag, (option, value) in given.items():
+        if value and option not in taken:
+            takers = ", ".join(p for p in POLICIES if option in policy_options(p))
+            raise ConfigError(f"{flag}: no policy run here ({', '.join(names)}) takes it (those that do: {takers})")
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
