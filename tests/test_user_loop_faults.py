@@ -62,6 +62,22 @@ def test_a_ps_killed_mid_epoch_is_restored_with_the_loops_registered_state(ray_l
     job.shutdown()
 
 
+def test_every_worker_lost_mid_epoch_goes_back_to_a_checkpoint_with_the_loops_state(ray_local, tmp_path):
+    # the loop's scheduler moves the lr every step; its state was last taken at step 5's checkpoint.
+    # A new loop on step 8's parameters with step 5's scheduler would train on, silently off.
+    job = make_job(1, 1, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    job.run(max_steps=8)
+    os.kill(job.workers[0].pid, signal.SIGKILL)
+    report = job.run()
+    assert any("1 worker(s) died; none left" in e for e in report.events), report.events
+    assert any("restored from checkpoint at step 5 (lost 3 steps)" in e for e in report.events), report.events
+    assert report.state == "finished" and report.step == 44
+    params, want = reference(loops.scheduled_mlp)
+    assert relative_error(job.parameters(), params) < TOL
+    assert [(m.step, m.values["lr"]) for m in report.metrics] == [(r["step"], r["metrics"]["lr"]) for r in want]
+    job.shutdown()
+
+
 @pytest.mark.slow
 def test_a_job_started_again_on_its_checkpoints_resumes_the_loop_mid_epoch(ray_local, tmp_path):
     first = make_job(1, 2, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=10)

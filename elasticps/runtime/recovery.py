@@ -303,17 +303,24 @@ class Recovery:
             dead_starting,
             state is not None,
         )
-        source = state if plan.from_state else None
+        # A user's loops all gone, their registered state (a scheduler, a counter) last taken at an earlier step:
+        # new loops would go on from the parameters of this step with the state of that one. Back to a checkpoint,
+        # where the two were written together (a program's own steps keep no state in its workers: never stale).
+        stale = plan.no_workers and not self._loops_back(self._step())
+        source = state if plan.from_state and not stale else None
         if plan.restore == "torn":
             self._restore_ps(torn_why, source)
         if plan.user_code and not ran_out:  # nothing died and no wait ran out: the program's code failed
             cause = getattr(exc, "cause", None) or exc
             raise UserCodeError(f"{during} failed in user code: {type(cause).__name__}: {cause}") from exc
         if dead_workers:
-            self._event(f"{len(dead_workers)} worker(s) died; continuing with {len(group.workers) - len(dead_workers)}")
+            left = len(group.workers) - len(dead_workers)
+            self._event(f"{len(dead_workers)} worker(s) died; " + (f"continuing with {left}" if left else "none left"))
             group.remove(dead_workers)
         if plan.restore == "lost":
             self._restore_ps(f"{len(dead_ps)} PS shard(s) died", source)
+        elif stale and plan.restore is None:
+            self._restore_ps("every worker died, their loops' registered state not taken at this step", None)
         if plan.no_workers:
             if not plan.replace:
                 raise JobFailedError("every worker died and replace_dead_workers is off") from exc
