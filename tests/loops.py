@@ -136,3 +136,23 @@ def tabled_bag(
             accuracy = (model(tokens).argmax(1) == labels).float().mean().item()
         ept.report(accuracy=accuracy)
     return model
+
+
+def breaks_out_at(step: int, epochs: int = 1):
+    """A loop that leaves its epoch's DataLoader at ``step`` (a rule of
+    ``elasticps.torch`` broken after the job's first steps)."""
+    import torch
+
+    import elasticps.torch as ept
+    from elasticps.examples.digits import train_set
+
+    model = torch.nn.Linear(64, 10)
+    model, opt = ept.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    loader = ept.DataLoader(train_set(), batch_size=64, shuffle=True)
+    for _ in ept.epochs(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if ept.step() == step:
+                break

@@ -214,3 +214,30 @@ def test_a_full_disk_before_the_first_step_is_worth_another_start_a_program_erro
     assert failed_before_first_step(FileNotFoundError(errno.ENOENT, "data.csv"), started_step=0, step=0)
     assert failed_before_first_step(ValueError("bad shape"), started_step=0, step=0)
     assert not failed_before_first_step(ValueError("bad shape"), started_step=0, step=3)  # after its first step
+
+
+def test_a_rule_of_elasticps_torch_broken_after_the_first_step_fails_the_job_at_once():
+    import pickle
+
+    import ray
+
+    from elasticps.errors import ProgramError, UserCodeError
+    from elasticps.manager.ray_runtime import failed_before_first_step
+    from elasticps.runtime.loop_worker import TrainingFunctionError
+
+    def as_the_controller_sees(cause: BaseException) -> UserCodeError:
+        """A loop worker's error, through Ray (pickled) and the controller's wrapping."""
+        remote = ray.exceptions.RayTaskError("LoopWorker.step", "Traceback ...", pickle.loads(pickle.dumps(cause)))
+        try:
+            try:
+                raise remote.as_instanceof_cause()
+            except Exception as exc:
+                raise UserCodeError("step 5 failed in user code: ...") from exc
+        except UserCodeError as wrapped:
+            return wrapped
+
+    broken = TrainingFunctionError("ProgramError: the loop over the DataLoader ended before epoch 0 did", True)
+    assert failed_before_first_step(as_the_controller_sees(broken), started_step=0, step=5)  # restarts break it again
+    own = TrainingFunctionError("KeyError: 'x'")  # the loop's own error after progress: worth another start
+    assert not failed_before_first_step(as_the_controller_sees(own), started_step=0, step=5)
+    assert failed_before_first_step(ProgramError("a dataset sample must be (input, target)"), started_step=0, step=9)

@@ -78,6 +78,18 @@ def test_every_worker_lost_mid_epoch_goes_back_to_a_checkpoint_with_the_loops_st
     job.shutdown()
 
 
+def test_a_rule_broken_after_the_first_steps_is_the_programs_error_not_worth_a_restart(ray_local):
+    from elasticps.errors import ElasticPSError
+    from elasticps.manager.ray_runtime import failed_before_first_step
+
+    job = make_job(1, 1, functools.partial(loops.breaks_out_at, 5))
+    with pytest.raises(ElasticPSError) as failed:
+        job.run()
+    assert job.step >= 5 and "ended before epoch 0 did" in str(failed.value.__cause__ or failed.value)
+    assert failed_before_first_step(failed.value, job.started_step, job.step)  # the manager fails it at once
+    job.shutdown()
+
+
 @pytest.mark.slow
 def test_a_job_started_again_on_its_checkpoints_resumes_the_loop_mid_epoch(ray_local, tmp_path):
     first = make_job(1, 2, loops.scheduled_mlp, checkpoint_dir=str(tmp_path), checkpoint_every_steps=10)

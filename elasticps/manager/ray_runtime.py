@@ -198,6 +198,8 @@ def failed_before_first_step(exc: BaseException, started_step: int | None, step:
     first step (starting again would fail the same way): it raised while the job
     started, or in a step with no task lost, or its checkpoint does not fit it.
     A lost task or node, or no room, is not: those are worth another start."""
+    if broke_a_rule(exc):  # at any step: the same code breaks it again after a restart
+        return True
     if started_step is not None and step > started_step:
         return False
     if _machine_trouble(exc):
@@ -212,16 +214,25 @@ def failed_before_first_step(exc: BaseException, started_step: int | None, step:
 _MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from, a Ray task's error's cause among them."""
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not e for e in out):
+        out.append(current)
+        current = current.__cause__ or current.__context__ or getattr(current, "cause", None)
+    return out
+
+
+def broke_a_rule(exc: BaseException) -> bool:
+    """``exc`` comes from elasticps's judgement that the program is wrong (a
+    :class:`ProgramError`, in this process or in a user's loop)."""
+    return any(isinstance(e, ProgramError) or getattr(e, "rule_broken", False) is True for e in _chain(exc))
+
+
 def _machine_trouble(exc: BaseException) -> bool:
     """``exc``, or an error it was raised from, is an OSError of the machine's (``_MACHINE_ERRNOS``)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _MACHINE_ERRNOS:
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(isinstance(e, OSError) and e.errno in _MACHINE_ERRNOS for e in _chain(exc))
 
 
 #: Ray's own failures (a process or node gone), told apart from everything else.

@@ -36,7 +36,13 @@ _ENDED = object()
 
 
 class TrainingFunctionError(Exception):
-    """The user's function raised: its traceback, as text (it crosses processes)."""
+    """The user's function raised: its traceback, as text (it crosses processes).
+    ``rule_broken``: what it raised was a :class:`ProgramError` (a rule of
+    ``elasticps.torch`` broken): the same code breaks it again after any restart."""
+
+    def __init__(self, text: str, rule_broken: bool = False) -> None:
+        super().__init__(text)
+        self.rule_broken = rule_broken
 
 
 def _install_loss_hook(session: WorkerSession) -> None:
@@ -94,6 +100,7 @@ class LoopWorker(WorkerBase):
         _install_clip_hook(self.session)
         self._done = threading.Event()
         self.error: str | None = None
+        self.rule_broken = False  # the error is a ProgramError (TrainingFunctionError)
         self._thread = threading.Thread(target=self._run, name="user-loop", daemon=True)
         self._thread.start()
 
@@ -110,8 +117,9 @@ class LoopWorker(WorkerBase):
             pass
         except BaseException as exc:  # the user's error: kept, and given to the step waiting for it
             self.error = "".join(traceback.format_exception(exc))
-            self.session.outbox.put(TrainingFunctionError(self.error))
-            self.session.snapshots.put(TrainingFunctionError(self.error))
+            self.rule_broken = isinstance(exc, ProgramError)
+            self.session.outbox.put(TrainingFunctionError(self.error, self.rule_broken))
+            self.session.snapshots.put(TrainingFunctionError(self.error, self.rule_broken))
         finally:
             self._done.set()
             self.session.prepared.set()
@@ -123,7 +131,9 @@ class LoopWorker(WorkerBase):
         """Once the user's function has prepared its model (or failed before)."""
         self.session.prepared.wait()
         if self.error is not None:
-            raise TrainingFunctionError(f"the training function failed before its first step:\n{self.error}")
+            raise TrainingFunctionError(
+                f"the training function failed before its first step:\n{self.error}", self.rule_broken
+            )
         if self.session.flat is None:
             raise ProgramError("the training function returned without calling elasticps.torch.prepare")
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid()}
@@ -214,7 +224,9 @@ class LoopWorker(WorkerBase):
         self.session.inbox.put(ParamsMessage(step, parts, bounds, None))
         ended = self._done.wait(timeout_s)
         if self.error is not None:
-            raise TrainingFunctionError(f"the training function failed after its last step:\n{self.error}")
+            raise TrainingFunctionError(
+                f"the training function failed after its last step:\n{self.error}", self.rule_broken
+            )
         self._raise_lost()
         return {"reports": self.session.take_reports(), "ended": ended, "state": self.session.snapshot()}
 
