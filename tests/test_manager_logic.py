@@ -845,3 +845,19 @@ def test_a_relative_workdir_reaches_the_job_as_absolute_paths(tmp_path, monkeypa
     paths = [launch.config.checkpoint_dir, launch.output_dir, launch.code_dir]
     assert all(os.path.isabs(p) and p.startswith(str(tmp_path / "state")) for p in paths), paths
     manager.shutdown()
+
+
+def test_what_a_users_own_loop_cannot_do_is_refused_at_submit(env):
+    from elasticps.manager.describe import describe_program
+
+    manager, runtime, _ = env
+    info = describe_program("elasticps.examples.digits_loop:main", {"epochs": 1})
+    assert info["own_loop"] is True and describe_program("elasticps.examples.digits:program", {})["own_loop"] is False
+    runtime.programs["mine.loop:main"] = ProgramInfo("my-loop", 64, 2, 1000, own_loop=True)
+    base = "name: {name}\nprogram: mine.loop:main\n"
+    with pytest.raises(ConfigError, match="mode: async: mine.loop:main is a user's own loop, .* sync mode only"):
+        manager.submit(parse_spec(base.format(name="a") + "mode: async\n"))
+    with pytest.raises(ConfigError, match="standby_workers: mine.loop:main is a user's own loop"):
+        manager.submit(parse_spec(base.format(name="s") + "standby_workers: 1\n"))
+    assert manager.store.list_jobs() == []  # neither stored
+    assert manager.submit(parse_spec(base.format(name="ok"))).state == "pending"

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elasticps.errors import UnschedulableError
+from elasticps.errors import ConfigError, UnschedulableError
 from elasticps.manager.admission import Admission
 from elasticps.manager.live import JobTable
 from elasticps.manager.pinning import CODE_DIR, pin
-from elasticps.manager.runtime import CapacitySource, JobRuntime
+from elasticps.manager.runtime import CapacitySource, JobRuntime, ProgramInfo
 from elasticps.manager.spec import JobSpec, LimitsPatch, TaskSpec, validate_as
 from elasticps.manager.states import IllegalTransition, JobInUse, JobState
 from elasticps.manager.store import JobRecord, Store
@@ -62,6 +62,7 @@ class Commands:
         try:
             spec, pinned = self._pin(spec)
             info = self.runtime.describe(spec, str(folder / CODE_DIR) if pinned else None)
+            _check_loop_spec(spec, info)
             with self.lock:
                 rec = self.store.add_job(spec, self.clock(), info)
                 self.jobs.submitted(spec.name)
@@ -168,3 +169,15 @@ class Commands:
             self.store.add_event(self.clock(), None, "deleted", f"job {name} deleted ({rec.state}); its name is free")
             self.jobs.forget(name)
         return rec
+
+
+def _check_loop_spec(spec: JobSpec, info: ProgramInfo) -> None:
+    """What a user's own loop cannot do, refused at submit, not when its driver starts."""
+    if not info.own_loop:
+        return
+    if spec.mode == "async":
+        raise ConfigError(f"mode: async: {spec.program} is a user's own loop, which trains in sync mode only")
+    if spec.standby_workers:
+        raise ConfigError(
+            f"standby_workers: {spec.program} is a user's own loop; standby workers are for a TrainingProgram's"
+        )

@@ -35,7 +35,8 @@ def describe_program(program: str, args: dict[str, Any]) -> dict[str, Any]:
     dataset = p.build_dataset()
     info["samples_per_epoch"] = len(dataset)
     check_batch_fits(p.batch_size, p.max_batch_size, len(dataset))
-    if not isinstance(p, TrainingProgram):  # a user's own loop: its describe run reached its first batch
+    info["own_loop"] = not isinstance(p, TrainingProgram)
+    if info["own_loop"]:  # its describe run reached its first batch
         return info
     try:
         try_one_sample(p, dataset)

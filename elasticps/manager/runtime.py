@@ -29,6 +29,7 @@ class ProgramInfo:
     epochs: int
     samples_per_epoch: int
     max_batch_size: int | None = None  # an adaptive batch may grow up to this (sync mode)
+    own_loop: bool = False  # a user's own training loop (elasticps.torch), not a TrainingProgram
 
 
 @dataclass(frozen=True)
