@@ -131,3 +131,19 @@ def test_ctrl_c_while_following_stops_the_client_not_the_job_in_a_line(cli, site
     assert manager.store.get_job("alpha").state == "running"
     monkeypatch.setattr(Client, "jobs", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
     assert main(["status", "--url", url]) == 130 and capsys.readouterr().err == "\ninterrupted\n"
+
+
+def test_a_reason_with_a_traceback_is_one_line_of_the_status_table():
+    from types import SimpleNamespace
+
+    from elasticps.cli.jobs import REASON_WIDTH, _status_table
+
+    reason = "job failed: UserCodeError: step 5 failed: Traceback (most recent call last):\n  File ...\nKeyError: 'x'"
+    failed = SimpleNamespace(name="brk", state="failed", allocation=None, progress=None, reason=reason)
+    ok = SimpleNamespace(name="ok", state="pending", allocation=None, progress=None, reason=None)
+    lines = _status_table([failed, ok]).splitlines()
+    assert len(lines) == 3 and lines[1].rstrip().endswith("job failed: UserCodeError: step 5 failed: ... KeyError: 'x'")
+    failed.reason = "why " * 100
+    row = _status_table([failed]).splitlines()[1].rstrip()
+    cell = row[row.index("why") :]
+    assert cell.endswith("...") and len(cell) == REASON_WIDTH

@@ -21,6 +21,7 @@ import pytest
 
 from elasticps.manager import Store
 from elasticps.manager.client import Client
+from elasticps.manager.observe import OWN_ERROR
 from elasticps.manager.service import Manager
 from tests.helpers import serve_api, wait_for
 
@@ -114,7 +115,7 @@ def test_the_programs_own_error_before_its_first_step_fails_the_job_at_once(live
     assert job.state == "failed"
     events = [(e.kind, e.message) for e in client.events(name)]
     failed = [m for k, m in events if k == "failed"]
-    assert len(failed) == 1 and "before its first step" in failed[0] and error in failed[0], events
+    assert len(failed) == 1 and OWN_ERROR in failed[0] and error in failed[0], events
     assert not any("starts again" in m for _, m in events), events  # not retried
     assert "started" in [k for k, _ in events]
     # its own output: what each task printed, tagged by task, and the whole traceback

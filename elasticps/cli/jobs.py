@@ -10,7 +10,7 @@ from typing import Any
 from elasticps.cli.common import dump, plain, positive_float, task_range
 from elasticps.cli.follow import print_line, print_output, wait
 from elasticps.cli.readable import describe_text, event_line
-from elasticps.errors import ConfigError
+from elasticps.errors import ConfigError, one_line
 from elasticps.tables import format_table
 
 
@@ -29,6 +29,10 @@ def _bar(done: float, total: float, width: int = 20) -> str:
     return "[" + "#" * round(frac * width) + "." * (width - round(frac * width)) + "]"
 
 
+#: Characters of a job's reason in the status table (describe shows it whole).
+REASON_WIDTH = 100
+
+
 def _status_table(jobs: list[Any]) -> str:
     rows = []
     for j in jobs:
@@ -43,7 +47,7 @@ def _status_table(jobs: list[Any]) -> str:
                 f"{_bar(prog.epoch, epochs)} {prog.epoch}/{epochs}" if prog and epochs else "-",
                 f"{rate:.0f}" if rate else "-",
                 f"{metric:.4f}" if metric is not None else "-",
-                j.reason or "",
+                one_line(j.reason or "", REASON_WIDTH),
             ]
         )
     headers = ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC", "REASON"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elasticps.errors import ElasticPSError, ProgramError
+from elasticps.errors import ElasticPSError, ProgramError, one_line
 from elasticps.manager.isolation import window_problem
 from elasticps.manager.live import JobTable
 from elasticps.manager.metrics import ManagerMetrics
@@ -20,6 +20,9 @@ from elasticps.manager.rescale_costs import RescaleCosts
 from elasticps.manager.runtime import JobStatus
 from elasticps.manager.states import JobState
 from elasticps.manager.store import Rescale, Store
+
+#: Said of a job failed for good by its program's own error.
+OWN_ERROR = "the program's own error, which another start would meet again"
 
 
 @dataclass
@@ -92,10 +95,11 @@ class Observer:
                 if st.state == "finished":
                     metric = f", metric {st.metric:.6g}" if st.metric is not None else ""
                     jobs.retire(name, live, JobState.FINISHED, now, f"job finished at step {st.step}{metric}")
-                elif st.state == "failed" and st.fatal:  # its own error before a step: again would fail again
-                    jobs.retire(name, live, JobState.FAILED, now, f"job failed before its first step: {st.error}")
+                elif st.state == "failed" and st.fatal:  # its own error (before a step, a rule): again fails again
+                    why = f"job failed: {one_line(st.error or '')}; {OWN_ERROR}"
+                    jobs.retire(name, live, JobState.FAILED, now, why)
                 elif st.state == "failed":
-                    jobs.stopped_by_failure(name, live, now, st.error or "unknown error")
+                    jobs.stopped_by_failure(name, live, now, one_line(st.error or "") or "unknown error")
                 else:  # stopped without being cancelled: start it again from its checkpoint
                     jobs.release(name, live)
                 news = True  # its room is free

@@ -72,7 +72,7 @@ class JobStatus:
     metric: float | None = None  # the latest epoch's metric (a user loop: the first value of its last report)
     metrics: dict[str, float | None] = field(default_factory=dict)  # a user loop's latest report
     error: str | None = None
-    fatal: bool = False  # the program's own error before its first step: starting it again would fail again
+    fatal: bool = False  # the program's own error (before its first step, or a rule broken): again fails again
     rescales: list[RescaleRecord] = field(default_factory=list)  # those after the poll's ``after_rescale``
     rescales_total: int = 0
     batch_size: int = 0  # the global batch now
