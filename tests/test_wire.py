@@ -110,3 +110,19 @@ def test_figures_must_be_finite_except_a_diverged_loss():
     assert decode(JobStatus, {**status, "metric": math.nan}).metric is None  # an unknown figure, not a NaN
     with pytest.raises(JobFailedError):  # NotPlainData is a ProgramError; the job side's failures are its own
         raise RemoteError("X", "y", "")
+
+
+def test_a_trace_shows_the_users_frames_where_they_ship_them_and_not_pythons_own():
+    from elasticps.errors import ProgramError
+    from elasticps.program import load_program
+
+    def factory(epochs: int):
+        raise AssertionError("not called")
+
+    with pytest.raises(ProgramError) as caught:  # the arguments' check: inspect.py's frames, the user's none
+        parse(answer(lambda: load_program(factory, {"epoch": 3})), "x")
+    said = str(caught.value)
+    assert with_trace(caught.value) == said and "missing a required argument: 'epochs'" in said
+    shipped = "/tmp/ray/session_1/runtime_resources/working_dir_files/_ray_pkg_ab12cd/mine/train.py"
+    err = RemoteError("KeyError", "'x'", f'Traceback (most recent call last):\n  File "{shipped}", line 3, in main\n')
+    assert 'File "<working_dir>/mine/train.py", line 3, in main' in with_trace(err)

@@ -151,13 +151,34 @@ def raise_remote(type_name: str, message: str, trace: str) -> typing.NoReturn:
 _FRAME = re.compile(r'^\s*File "([^"]+)"')
 
 
-def _users(path: str) -> bool:
-    """A frame of the user's code: not Python's import machinery, not elasticps's own."""
+#: Where Ray unpacks a job's shipped working_dir: shown as the user's own folder, ``<working_dir>/``.
+_SHIPPED = re.compile(r'[^"\s]*/runtime_resources/working_dir_files/_ray_pkg_[0-9a-f]+/')
+
+
+@cache
+def _folders() -> tuple[str, str, tuple[str, ...]]:
+    """elasticps's folder, Python's library, and the installed packages' (inside the library, or not)."""
     import os
+    import sysconfig
 
     import elasticps
 
-    return not path.startswith("<") and not path.startswith(os.path.dirname(elasticps.__file__) + os.sep)
+    installed = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    return (
+        os.path.dirname(elasticps.__file__) + os.sep,
+        sysconfig.get_path("stdlib").rstrip(os.sep) + os.sep,
+        tuple(p.rstrip(os.sep) + os.sep for p in installed if p),
+    )
+
+
+def _users(path: str) -> bool:
+    """A frame on the user's side: their code or a package they use (torch's module
+    that raised), not Python's import machinery or library (``inspect`` binding
+    arguments), nor elasticps's own (installed or not)."""
+    ours, stdlib, installed = _folders()
+    if path.startswith(("<", ours)):
+        return False
+    return not path.startswith(stdlib) or path.startswith(installed)
 
 
 def with_trace(exc: BaseException, lines: int = 6) -> str:
@@ -167,10 +188,14 @@ def with_trace(exc: BaseException, lines: int = 6) -> str:
     the message: a missing module, a missing attribute)."""
     trace = getattr(exc, "remote_traceback", "") or ""
     first = re.split(r"\n(?:The above exception was the direct cause|During handling of the above)", trace)[0]
-    excerpt = [ln for ln in first.splitlines() if ln.strip()][-lines:]
-    if not any((m := _FRAME.match(ln)) and _users(m.group(1)) for ln in excerpt):
+    every = [ln for ln in first.splitlines() if ln.strip()]
+    users = [i for i, ln in enumerate(every) if (m := _FRAME.match(ln)) and _users(m.group(1))]
+    if not users:
         return str(exc)
-    return f"{exc}\n" + "\n".join(excerpt)[-1200:]
+    excerpt = every[users[-1] :]  # from the innermost frame of the user's code to what was raised
+    if len(excerpt) > lines:
+        excerpt = [*excerpt[:2], "  ...", *excerpt[2 - lines :]]
+    return f"{exc}\n" + _SHIPPED.sub("<working_dir>/", "\n".join(excerpt))[-1200:]
 
 
 def decode(cls: Any, data: Any, where: str = "value") -> Any:
