@@ -280,6 +280,8 @@ def test_an_export_behind_the_steps_its_job_reached_says_so(tmp_path, capsys):
     store.transition("j", "running", time.time())
     store.transition("j", "failed", time.time())
     store.close()
+    assert main(["export", "j", "--workdir", str(tmp_path), "--out", str(tmp_path / "m.pt")]) == 2
+    assert capsys.readouterr().err == "error: job 'j' (failed) has no checkpoint: it saved none before it ended\n"
     params = flat_params(digits.mlp()).astype(np.float32)
     at_start = Checkpoint(0, DataPosition(0, 0), ShardState(params, {}, {}), seed=0, optimizer="sgd", samples_seen=0)
     CheckpointStore(job_dir(tmp_path, "j") / "checkpoints").save(at_start)

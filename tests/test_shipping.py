@@ -50,6 +50,15 @@ def test_refused_paths(tree, path, message):
         check(tree, py_modules=[str(tree / path)])
 
 
+def test_a_path_outside_the_roots_is_told_where_the_roots_are_and_how_to_add_one(tree):
+    with pytest.raises(ConfigError) as caught:
+        check(tree, working_dir=str(tree / "outside"))
+    roots = ", ".join(str(r) for r in policy(tree).roots)
+    assert f"ships code from ({roots}); the server's operator adds one by starting it again with --ship-roots" in str(
+        caught.value
+    )
+
+
 def test_outside_the_roots_existing_or_not_gets_the_same_answer(tree):
     answers = []
     for path in ("/etc", "/no/such/dir", str(tree / "outside"), str(tree / "outside" / "missing")):

@@ -56,6 +56,11 @@ def cmd_export(args: argparse.Namespace) -> int:
             code_paths = unpacked(spec.runtime_env, job_dir(workdir, args.name) / CODE_DIR, unpacked_dir.name)
         program, program_args = spec.program, dict(spec.args)
         directory = job_dir(workdir, args.name) / "checkpoints"
+        if not any(directory.glob("ckpt-*")):  # said of the job, not of a folder the user never named
+            from elasticps.manager.states import JobState
+
+            when = "before it ended" if JobState(record.state).ended else "yet"
+            raise ConfigError(f"job {args.name!r} ({record.state}) has no checkpoint: it saved none {when}")
     # the job's code runs in a child process; only tensors come back (elasticps.cli.export)
     with unpacked_dir:
         info = export_job(program, program_args, directory, Path(args.out), code_paths)

@@ -65,7 +65,11 @@ class ShipPolicy:
             raise refuse("must be an absolute path of a directory on the manager's machine")
         real = Path(given).resolve()
         if not self._under_roots(real):
-            raise refuse("is not under a directory this manager ships code from (--ship-roots)")
+            roots = ", ".join(str(r) for r in self.roots) or "none"
+            raise refuse(
+                f"is not under a directory this manager ships code from ({roots}); the server's operator adds "
+                "one by starting it again with --ship-roots DIR[,DIR...]"
+            )
         if self._touches_workdir(real):
             raise refuse("is or holds the manager's workdir (its tokens and database); ship a directory that does not")
         if not real.exists():
