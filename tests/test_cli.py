@@ -138,8 +138,17 @@ def test_the_server_listens_before_it_prints_its_address(tmp_path):
         assert found and found.group(1) != "0", line  # port 0: the port it took, not 0
         with socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=10):
             pass
+        # a client given the workdir finds the server on whatever port it took
+        assert (tmp_path / "state" / "url").read_text() == f"http://127.0.0.1:{found.group(1)}\n"
+        env.pop("ELASTICPS_URL", None)
+        status = subprocess.run(
+            [sys.executable, "-m", "elasticps", "status", "--workdir", str(tmp_path / "state")], capture_output=True,
+            text=True, env=env, timeout=60,
+        )  # fmt: skip
+        assert status.returncode == 0 and status.stdout.startswith("JOB"), status.stdout + status.stderr
     finally:
         stop_session(proc)
+    assert not (tmp_path / "state" / "url").exists()  # gone with the server: no stale address
 
 
 @pytest.mark.parametrize(

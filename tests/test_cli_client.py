@@ -115,3 +115,22 @@ def test_client_submit_ships_a_working_dir(site, tmp_path, monkeypatch):  # noqa
         client.submit(spec, working_dir="code")  # made absolute
     with pytest.raises(ConfigError, match="not a directory"):
         client.submit(spec, working_dir=tmp_path / "none")
+
+
+def test_a_client_finds_the_url_given_then_the_environments_then_the_workdirs(tmp_path, monkeypatch):
+    from elasticps.manager.workdir import client_url, write_url
+
+    monkeypatch.delenv("ELASTICPS_URL", raising=False)
+    monkeypatch.delenv("ELASTICPS_WORKDIR", raising=False)
+    default = "http://127.0.0.1:8470"
+    assert client_url(None, tmp_path, default) == default  # no server wrote one
+    write_url(tmp_path, "0.0.0.0", 41801)  # every interface: reached on loopback from here
+    assert client_url(None, tmp_path, default) == "http://127.0.0.1:41801"
+    monkeypatch.setenv("ELASTICPS_WORKDIR", str(tmp_path))
+    assert client_url(None, None, default) == "http://127.0.0.1:41801"
+    monkeypatch.setenv("ELASTICPS_URL", "http://10.0.0.5:9000")
+    assert client_url(None, tmp_path, default) == "http://10.0.0.5:9000"
+    assert client_url("http://given:1", tmp_path, default) == "http://given:1"
+    write_url(tmp_path, "::", 5)
+    monkeypatch.delenv("ELASTICPS_URL")
+    assert client_url(None, tmp_path, default) == "http://[::1]:5"

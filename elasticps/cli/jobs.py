@@ -203,7 +203,11 @@ def add_parsers(sub: Any) -> None:
         ("events", "events"),
     ]:
         c = sub.add_parser(name, help=helptext)
-        c.add_argument("--url", help="manager URL (default $ELASTICPS_URL or http://127.0.0.1:8470)")
+        c.add_argument(
+            "--url",
+            help="manager URL (default $ELASTICPS_URL, else the one the server on --workdir wrote there, "
+            "else http://127.0.0.1:8470)",
+        )
         c.add_argument("--token", help="bearer token (default $ELASTICPS_TOKEN, else the workdir's token file)")
         c.add_argument(
             "--workdir",

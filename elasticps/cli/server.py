@@ -67,6 +67,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         ray_token_auth,
         secure_workdir,
         without_token,
+        write_url,
     )
     from elasticps.raycluster import LOOPBACK_ENV, check_address
 
@@ -142,6 +143,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     loop.start()
     # The socket listens already, so a client started once these lines are out is queued, not refused.
     # (listening_at reads the first line back.)
+    url_file = write_url(workdir, args.host, port)  # a client given this workdir finds the server on any port
     print(f"elasticps manager on http://{args.host}:{port} (state in {workdir})", flush=True)
     print(f"dashboard: http://{args.host}:{port}/#token={token}", flush=True)
     try:
@@ -154,6 +156,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         closer = threading.Thread(target=lambda: (loop.join(timeout=30), manager.shutdown()), daemon=True)
         closer.start()
         closer.join(timeout=args.shutdown_timeout_s)
+        url_file.unlink(missing_ok=True)
         lock.release()
         if closer.is_alive():
             print(f"stopped without releasing every job (over {args.shutdown_timeout_s:g} s)", file=sys.stderr)

@@ -20,7 +20,6 @@ spec's 422 lists every problem in ``problems``).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,7 +30,7 @@ import httpx
 from elasticps.errors import ElasticPSError
 from elasticps.manager.models import ENDED, EventOut, JobOut, LogLine, OutputOut
 from elasticps.manager.spec import NAME_RE, NAME_RULE, JobSpec, load_document
-from elasticps.manager.workdir import client_token
+from elasticps.manager.workdir import client_token, client_url
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 
@@ -58,9 +57,7 @@ class Client:
     ) -> None:
         token, self.token_source = client_token(token, workdir)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(
-            base_url=url or os.environ.get("ELASTICPS_URL", DEFAULT_URL), headers=headers, timeout=timeout_s
-        )
+        self.http = httpx.Client(base_url=client_url(url, workdir, DEFAULT_URL), headers=headers, timeout=timeout_s)
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:

@@ -30,6 +30,7 @@ from elasticps.errors import ConfigError
 
 TOKEN_FILE = "token"
 RAY_TOKEN_FILE = "ray-token"
+URL_FILE = "url"  # where the server running on this workdir listens (its port may be any free one)
 LOCK_FILE = "manager.lock"
 #: The shortest API token a server accepts from --token or $ELASTICPS_TOKEN (the one it makes has 64).
 MIN_TOKEN_CHARS = 32
@@ -190,10 +191,38 @@ def client_token(token: str | None, workdir: str | Path | None) -> tuple[str | N
         return token, "the token given"
     if os.environ.get("ELASTICPS_TOKEN"):
         return os.environ["ELASTICPS_TOKEN"], "$ELASTICPS_TOKEN"
-    path = Path(workdir or os.environ.get("ELASTICPS_WORKDIR", DEFAULT_WORKDIR)) / TOKEN_FILE
+    path = client_workdir(workdir) / TOKEN_FILE
     if path.exists():
         return read_secret(path), str(path.resolve())
     return None, f"none found: looked in --token, $ELASTICPS_TOKEN and {path.resolve()}"
 
 
 DEFAULT_WORKDIR = "elasticps-state"
+
+
+def client_workdir(workdir: str | Path | None) -> Path:
+    """The workdir a client reads: the one given, else ``$ELASTICPS_WORKDIR``, else ``elasticps-state``."""
+    return Path(workdir or os.environ.get("ELASTICPS_WORKDIR", DEFAULT_WORKDIR))
+
+
+def write_url(workdir: str | Path, host: str, port: int) -> Path:
+    """Say where the server listens, for clients on this machine (an address for
+    every interface is reached on loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    path = Path(workdir) / URL_FILE
+    path.write_text(f"http://{f'[{host}]' if ':' in host else host}:{port}\n")
+    return path
+
+
+def client_url(url: str | None, workdir: str | Path | None, default: str) -> str:
+    """The manager's URL a client calls: the one given (``--url``), else
+    ``$ELASTICPS_URL``, else what the server running on the workdir wrote, else ``default``."""
+    if url:
+        return url
+    if os.environ.get("ELASTICPS_URL"):
+        return os.environ["ELASTICPS_URL"]
+    try:
+        written = (client_workdir(workdir) / URL_FILE).read_text().strip()
+    except OSError:
+        written = ""
+    return written or default
