@@ -96,7 +96,9 @@ def test_parameters_changed_by_hand_without_the_optimizer_fail_at_the_first_step
             for p in model.parameters():
                 p.data -= 0.1 * p.grad
 
-    with pytest.raises(ProgramError, match="next batch before the prepared optimizer's step"):
+    with pytest.raises(
+        ProgramError, match=r"did not step\(\), yet the parameters changed .* or p.data changed by hand"
+    ):
         drive(make_loop(body=by_hand))
 
 
@@ -114,6 +116,37 @@ def test_a_second_optimizer_fails_at_the_first_step():
     loop = make_loop(model_fn=lambda: torch.nn.Sequential(torch.nn.Linear(64, 10)), body=two_optimizers)
     with pytest.raises(ProgramError, match="a second optimizer"):
         drive(loop)
+
+
+def test_an_optimizer_made_after_prepare_and_stepped_instead_is_named():
+    def loop():
+        model = torch.nn.Linear(64, 10)
+        model, _ = ept.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)  # not the prepared one: a port's usual slip
+        loader = ept.DataLoader(train_set(), batch_size=64)
+        for _ in ept.epochs(1):
+            for x, y in loader:
+                plain_step(model, opt, x, y)
+
+    with pytest.raises(ProgramError, match=r"did not step\(\), yet the parameters changed \(.* made after prepare"):
+        drive(loop)
+
+
+def test_an_lr_scheduler_made_before_prepare_still_watches_the_step_and_torch_says_nothing(recwarn):
+    def loop():
+        model = torch.nn.Linear(64, 10)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        schedule = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)  # before prepare(), as a port may have it
+        model, opt = ept.prepare(model, opt)
+        loader = ept.DataLoader(train_set(), batch_size=64)
+        for _ in ept.epochs(1):
+            for x, y in loader:
+                plain_step(model, opt, x, y)
+                schedule.step()
+
+    stats = drive(loop)
+    assert [s["groups"][0]["lr"] for s in stats] == [0.1, 0.05, 0.025]  # the scheduler moves the prepared lr
+    assert not [w for w in recwarn if "overridden after learning rate scheduler" in str(w.message)]
 
 
 def test_batchnorm_in_training_mode_fails_at_the_first_step():
@@ -175,3 +208,15 @@ def test_the_shards_norm_parts_give_torchs_clipping_of_the_whole_gradient(norm_t
     coefficient = clip_coefficient((0.5, norm_type), parts)
     assert coefficient < 1.0
     torch.testing.assert_close(grad * coefficient, param.grad, rtol=1e-6, atol=0)
+
+
+def test_torchs_dataloader_options_that_a_job_has_no_use_for_are_refused_with_why():
+    for option, why in [
+        ({"num_workers": 2}, "has no num_workers: a worker reads its share of each batch in its own process"),
+        ({"pin_memory": True}, "has no pin_memory: batches are not pinned"),
+        ({"sampler": None}, "has no sampler: the job orders and splits the data between its workers itself"),
+    ]:
+        with pytest.raises(ProgramError, match=why):
+            ept.DataLoader(train_set(), batch_size=64, **option)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        ept.DataLoader(train_set(), batch_size=64, bogus=1)

@@ -88,6 +88,24 @@ def prepare(
     return current().prepare(model, optimizer, inexact_optimizer)
 
 
+_OWN_PROCESS = "a worker reads its share of each batch in its own process (drop it; a job's workers are processes)"
+_OWN_ORDER = "the job orders and splits the data between its workers itself (shuffle= and seed= set the order)"
+#: Options of torch's DataLoader this one does not take, and why (a ported loop meets them first).
+TORCH_ONLY_OPTIONS = {
+    "num_workers": _OWN_PROCESS,
+    "prefetch_factor": _OWN_PROCESS,
+    "persistent_workers": _OWN_PROCESS,
+    "worker_init_fn": _OWN_PROCESS,
+    "multiprocessing_context": _OWN_PROCESS,
+    "timeout": _OWN_PROCESS,
+    "pin_memory": "batches are not pinned (drop it)",
+    "pin_memory_device": "batches are not pinned (drop it)",
+    "sampler": _OWN_ORDER,
+    "batch_sampler": _OWN_ORDER,
+    "generator": _OWN_ORDER,
+}
+
+
 class DataLoader:
     """The training set in global batches, split among the workers.
 
@@ -119,7 +137,12 @@ class DataLoader:
         drop_last: bool = False,
         max_batch_size: int | None = None,
         lr_scaling: str = "sqrt",
+        **torch_options: Any,
     ) -> None:
+        for key in torch_options:  # torch's DataLoader takes them: said why not here, not a bare TypeError
+            if key not in TORCH_ONLY_OPTIONS:
+                raise TypeError(f"DataLoader() got an unexpected keyword argument {key!r}")
+            raise ProgramError(f"elasticps.torch.DataLoader has no {key}: {TORCH_ONLY_OPTIONS[key]}")
         map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
         if isinstance(dataset, IterableDataset) or not map_style:
             raise ProgramError(

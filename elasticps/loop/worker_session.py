@@ -98,6 +98,18 @@ def _elastic_step(opt: torch.optim.Optimizer, closure: Callable[[], Any] | None 
     opt._elasticps_session.optimizer_step(closure)  # type: ignore[attr-defined]
 
 
+def _scheduled_step(opt: torch.optim.Optimizer) -> Callable[..., None]:
+    """The prepared ``step()`` for an optimizer an LR scheduler wrapped before
+    ``prepare()``, marked as that scheduler marks its wrapper: it then finds the
+    step it wrapped still watched, and says nothing of it being overridden."""
+
+    def step(closure: Callable[[], Any] | None = None) -> None:
+        _elastic_step(opt, closure)
+
+    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    return step
+
+
 @dataclass
 class WorkerSession:
     tables_on_ps = True  # an elasticps.torch.Embedding built here allocates nothing
@@ -153,7 +165,10 @@ class WorkerSession:
         self.norm_layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         self.opt = opt
         opt._elasticps_session = self  # type: ignore[attr-defined]
-        opt.step = types.MethodType(_elastic_step, opt)  # type: ignore[method-assign]
+        if hasattr(opt.step, "_wrapped_by_lr_sched"):  # an LR scheduler made before prepare() wrapped it
+            opt.step = _scheduled_step(opt)  # type: ignore[method-assign]
+        else:  # a method, as a scheduler made after prepare() wraps it
+            opt.step = types.MethodType(_elastic_step, opt)  # type: ignore[method-assign]
         self.prepared.set()
         return model, opt
 
@@ -204,6 +219,8 @@ class WorkerSession:
         epoch = self.epoch
         while True:
             if not self.pushed:
+                # changed parameters say how: another optimizer's step (one made after prepare()), or by hand
+                self._check_params(lead="the prepared optimizer did not step(), yet the parameters changed")
                 raise ProgramError(
                     "the loop asked for the next batch before the prepared optimizer's step(): every batch "
                     "must end with optimizer.step() (parameters changed by hand, e.g. through p.data, are "
@@ -302,8 +319,9 @@ class WorkerSession:
         self.clip = (max_norm, norm_type)
         return True
 
-    def _check_params(self, where: str) -> None:
-        """On a worker's first steps: the parameters are still those pulled."""
+    def _check_params(self, where: str = "", lead: str = "") -> None:
+        """On a worker's first steps: the parameters are still those pulled (else a
+        ProgramError, led by ``lead``, else by the parameters changed ``where``)."""
         if self.checks_left <= 0 or self.bound is None or self.flat is None:
             return
         self.checks_left -= 1
@@ -311,9 +329,10 @@ class WorkerSession:
         for part, (lo, hi) in zip(parts, bounds, strict=True):
             if not torch.equal(self.flat.params[lo:hi], torch.from_numpy(np.asarray(part))):
                 raise ProgramError(
-                    f"parameters changed {where} other than by the prepared optimizer (a second optimizer, "
-                    "or p.data changed by hand): the PS shards hold the parameters, so such a change would be "
-                    "lost; step one prepared optimizer, and change parameters only through it"
+                    f"{lead or f'parameters changed {where} other than by the prepared optimizer'} (a second optimizer, "
+                    "one made after prepare() included, or p.data changed by hand): the PS shards hold the "
+                    "parameters, so such a change would be lost; step the optimizer prepare() returned, and "
+                    "change parameters only through it"
                 )
 
     def note_loss(self, value: float) -> None:
