@@ -328,8 +328,9 @@ class WorkerSession:
         parts, bounds = self.bound
         for part, (lo, hi) in zip(parts, bounds, strict=True):
             if not torch.equal(self.flat.params[lo:hi], torch.from_numpy(np.asarray(part))):
+                lead = lead or f"parameters changed {where} other than by the prepared optimizer"
                 raise ProgramError(
-                    f"{lead or f'parameters changed {where} other than by the prepared optimizer'} (a second optimizer, "
+                    f"{lead} (a second optimizer, "
                     "one made after prepare() included, or p.data changed by hand): the PS shards hold the "
                     "parameters, so such a change would be lost; step the optimizer prepare() returned, and "
                     "change parameters only through it"
