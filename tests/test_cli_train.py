@@ -134,3 +134,15 @@ def test_max_steps_ends_with_a_checkpoint_there_and_the_line_to_resume(tmp_path,
     assert (tmp_path / "m.pt").stat().st_size > 0
     assert main([*export, "--out", str(tmp_path / "other.pt")]) == 2  # the default (mlp) model did not train
     assert "is not of digits-mlp's model" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_loop_that_breaks_a_rule_says_so_once_without_rays_unhandled_errors(tmp_path):
+    argv = [sys.executable, "-m", "elasticps", "train", "tests.loops:breaks_out_at", "--args", "step=5",
+            "--num-cpus", "2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "RAY_AUTH_MODE": "disabled"}
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    printed = done.stdout + done.stderr
+    assert done.returncode == 2, printed
+    assert printed.count("ProgramError: the loop over the DataLoader ended before epoch 0 did") == 1, printed
+    assert "Unhandled error" not in printed and 'tests/loops.py", line' in printed  # the user's frame, once

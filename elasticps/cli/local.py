@@ -178,6 +178,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     _user_code_from_cwd()
     from elasticps import JobController, load_program  # Ray and torch: after the checks
     from elasticps.raycluster import ensure_ray
+    from elasticps.runtime.tasks import quiet_unread_failures
+
+    quiet_unread_failures()  # this process drives the job: a step's failure is said once, by the job
 
     program = load_program(args.program, program_args)
     finished = _finished_run(args.checkpoint_dir, program.epochs, args.program, tuple(args.args or ()))

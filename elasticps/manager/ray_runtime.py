@@ -86,7 +86,9 @@ class JobDriver:
 
     def __init__(self, launch: Launch) -> None:
         from elasticps.program import load_program
+        from elasticps.runtime.tasks import quiet_unread_failures
 
+        quiet_unread_failures()
         self.output = JobLog(launch.output_dir) if launch.output_dir else None
         if self.output is not None:  # what the program and its tasks print, kept in the job's folder
             capture("driver", self.output.write, every_s=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -41,13 +42,27 @@ def _actor_class(kind: Kind, program: Any) -> Any:
     return _ACTOR_CLASSES[key]
 
 
+def quiet_unread_failures() -> None:
+    """A job's processes pass results they never read themselves (a PS gets a
+    worker's gradient by reference; the controller reads the first failure of a
+    step, not the tasks that failed after it): when a task failed, Ray printed
+    the failure again in each of them as an "Unhandled error" with its whole
+    traceback, though the controller handles it (a failed step). Ray's switch
+    for that, in this process only: for a job's own processes (its tasks, the
+    manager's job driver, ``elasticps train``), not a user's driver script."""
+    os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
+
+
 def _with_output(cls: type) -> type:
     """``cls`` whose constructor first tees the process's output to its job's
     driver (``output``: see :mod:`elasticps.runtime.output`), so that what the
-    program prints while it builds the model is kept too."""
+    program prints while it builds the model is kept too.
+
+    Its process is quiet about failed results it never reads (:func:`quiet_unread_failures`)."""
 
     class Teed(cls):  # type: ignore[valid-type, misc]
         def __init__(self, *args: Any, output: TaskOutput | None = None, **kwargs: Any) -> None:
+            quiet_unread_failures()
             if output is not None:
                 output.install()
             super().__init__(*args, **kwargs)
