@@ -861,3 +861,29 @@ def test_what_a_users_own_loop_cannot_do_is_refused_at_submit(env):
         manager.submit(parse_spec(base.format(name="s") + "standby_workers: 1\n"))
     assert manager.store.list_jobs() == []  # neither stored
     assert manager.submit(parse_spec(base.format(name="ok"))).state == "pending"
+
+
+def test_a_jobs_shape_history_stops_while_it_is_cancelled_and_goes_on_at_its_retry(env):
+    from elasticps.cli.readable import describe_text
+    from elasticps.manager.dashboard import job_detail
+
+    manager, _, _ = env
+    submit(manager, "h")
+    for _ in range(3):
+        manager.step()
+    (first,) = manager.store.allocations("h")
+    manager.cancel("h")
+    cancelled_at = manager.store.events("h")[-1][1]
+    for _ in range(3):
+        manager.step()  # the job sits cancelled a while (its tasks stopped) before its retry
+    manager.retry("h")
+    for _ in range(3):
+        manager.step()
+    again = manager.store.allocations("h")[-1]
+    shapes = job_detail(manager, "h")["shapes"]
+    shape = [again[1], again[2]]  # the retried run's own shape
+    assert shapes[:3] == [[first[0], 1, 1], [cancelled_at, 0, 0], [again[0], *shape]], shapes
+    assert again[0] > cancelled_at + 3 and len(shapes) == 4 and shapes[3][1:] == shape  # held until now
+    detail = job_detail(manager, "h")
+    held = [ln for ln in describe_text(detail, detail["spec"]).splitlines() if " for " in ln]
+    assert len(held) == 2 and held[0].endswith(f"1 PS x 1 worker  for {int(cancelled_at - first[0])}s"), held

@@ -55,11 +55,10 @@ def describe_text(detail: dict[str, Any], spec: dict[str, Any]) -> str:
         progress.append(f"ETA {duration(j['eta_s'])} ({j['eta_from']})")
     if progress:
         lines.append("progress:   " + ", ".join(progress))
-    shapes = [s for s in detail["shapes"] if s[1] or s[2]]
-    if shapes:
+    held = [(s, end[0]) for s, end in zip(detail["shapes"], detail["shapes"][1:], strict=False) if s[1] or s[2]]
+    if held:  # each shape until the next entry (a stop is an entry of no tasks)
         lines.append("shape history:")
-        ends = [s[0] for s in detail["shapes"][1:]]
-        for (at, p, w), end in zip(shapes, ends, strict=False):
+        for (at, p, w), end in held:
             lines.append(f"  {clock(at)}  {shape_text(p, w)}  for {duration(end - at)}")
     rescales = [r for r in detail["rescales"] if r["ok"]]
     if rescales:

@@ -11,6 +11,7 @@ comes from the manager.
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from elasticps.manager.states import JobState
@@ -24,6 +25,10 @@ log = logging.getLogger("elasticps.manager")
 
 #: Event kinds whose newest message says why a job waits or ended as it did.
 REASON_KINDS = ("unfit", "failed", "error", "cancelled")
+#: Event kinds that end a run: after one, the job holds nothing until it is given a shape again
+#: (and an error event that says the job stopped, to start again: elasticps.manager.live).
+RUN_ENDS = ("cancelled", "failed", "finished", "pending")
+STOPPED = "job stopped: "
 #: Events a job's detail view lists (the newest ones).
 MAX_EVENTS = 200
 
@@ -37,6 +42,26 @@ def overview(manager: Manager) -> dict[str, Any]:
     return {"now": now, "nodes": _nodes_now(manager, now), "jobs": rows}
 
 
+def _shapes(store: Any, name: str, now: float | None, ended_at: float) -> list[list[float]]:
+    """``[at, ps, workers]`` from each allocation on, with ``[at, 0, 0]`` where a
+    run stopped (cancelled, failed, stopped to start again: it holds nothing
+    until its next allocation), and the last shape held until ``now`` (None: the
+    job has ended, at ``ended_at``)."""
+    allocations = store.allocations(name)
+    events = store.events(name)
+    stops = sorted(at for _, at, _, k, m in events if k in RUN_ENDS or (k == "error" and m.startswith(STOPPED)))
+    shapes: list[list[float]] = []
+    for i, (at, p, w, _) in enumerate(allocations):
+        shapes.append([at, p, w])
+        until = allocations[i + 1][0] if i + 1 < len(allocations) else math.inf
+        stop = next((t for t in stops if at < t < until), None)
+        if stop is not None and (p or w):
+            shapes.append([stop, 0, 0])
+    if shapes and (shapes[-1][1] or shapes[-1][2]):
+        shapes.append([now, shapes[-1][1], shapes[-1][2]] if now is not None else [ended_at, 0, 0])
+    return shapes
+
+
 def job_detail(manager: Manager, name: str) -> dict[str, Any]:
     """One job: its row, shapes over time, curves, rescales and events (KeyError if there is none)."""
     rec = manager.store.get_job(name)
@@ -47,11 +72,7 @@ def job_detail(manager: Manager, name: str) -> dict[str, Any]:
     batches = {c.batch for c in curves if c.batch}
     info = rec.info
     adaptive = bool(info and info.max_batch_size and info.max_batch_size > info.batch_size) or len(batches) > 1
-    shapes = [[at, p, w] for at, p, w, _ in store.allocations(name)]
-    if shapes and not row["ended"]:
-        shapes.append([now, shapes[-1][1], shapes[-1][2]])  # the shape holds until now
-    elif shapes:
-        shapes.append([rec.updated_at, 0, 0])
+    shapes = _shapes(store, name, now if not row["ended"] else None, rec.updated_at)
     return {
         "job": row,
         "spec": rec.spec.model_dump(mode="json"),

@@ -254,7 +254,7 @@ class JobTable:
         wait_s = RESTART_BACKOFF_S * failures
         self._not_before[name] = now + wait_s
         again = f"it starts again from its latest checkpoint in {wait_s:g} s ({failures}/{MAX_FAILURES})"
-        self.store.add_event(now, name, "error", f"job stopped: {why}; {again}")
+        self.store.add_event(now, name, "error", f"job stopped: {why}; {again}")  # dashboard.STOPPED: a run's end
 
     def fail_on_figures(self, name: str, now: float, why: str) -> None:
         """Fail a job whose figures the scheduler cannot work with (the round goes on without it)."""
