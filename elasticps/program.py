@@ -310,9 +310,19 @@ def _takes(hint: Any, value: Any) -> bool | None:
 
     if value is None:  # null: for `x: int = None` too, however loosely typed
         return None
+    if hint is str:  # YAML reads `run: 2014` or `mode: on` as a number or a boolean: a string was meant
+        return isinstance(value, _SCALARS)
+    if hint is bool:
+        return isinstance(value, bool) or value in (0, 1)
+    if isinstance(value, bool):  # an int, to Python: not to someone who wrote `epochs: int`
+        return False
+    if hint is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+        try:
+            float(value)
+        except ValueError:
+            return False
+        return True
     if hint in _SCALARS:
-        if isinstance(value, bool):  # an int, to Python: not to someone who wrote `epochs: int`
-            return hint is bool
         return isinstance(value, hint) or (hint is float and isinstance(value, int))
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         fits = [_takes(h, value) for h in typing.get_args(hint) if h is not type(None)]

@@ -34,6 +34,8 @@ def check_address(address: str | None, timeout_s: float = 5.0) -> None:
             "cluster and give its GCS address, HOST:PORT (port 6379 by default), or auto"
         )
     host, sep, port = address.rpartition(":")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ConfigError(f"Ray address {address!r}: an IPv6 host goes in brackets, [::1]:6379")
     host = host.strip("[]")  # an IPv6 host: [::1]:6379
     if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
         raise ConfigError(f"Ray address {address!r}: expected HOST:PORT (a Ray cluster's GCS), auto or local")

@@ -156,3 +156,23 @@ def breaks_out_at(step: int, epochs: int = 1):
             opt.step()
             if ept.step() == step:
                 break
+
+
+def dies_at(step: int, epochs: int = 1):
+    """A loop whose process ends itself at ``step`` every time it gets there (a
+    crash in native code, running out of memory on that batch)."""
+    import torch
+
+    import elasticps.torch as ept
+    from elasticps.examples.digits import train_set
+
+    model = torch.nn.Linear(64, 10)
+    model, opt = ept.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    loader = ept.DataLoader(train_set(), batch_size=64, shuffle=True)
+    for _ in ept.epochs(epochs):
+        for x, y in loader:
+            if ept.step() == step:
+                os._exit(1)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()

@@ -100,6 +100,8 @@ def test_a_ray_address_malformed_or_with_nothing_there_is_refused_at_once(tmp_pa
         for bad in ("bogus", "host:", ":6379", "host:0", "host:65536", "host:port"):
             with pytest.raises(ConfigError, match="expected HOST:PORT"):
                 check_address(bad)
+        with pytest.raises(ConfigError, match=r"an IPv6 host goes in brackets, \[::1\]:6379"):
+            check_address("::1:6379")
         with pytest.raises(ConfigError, match=r"Ray Client \(ray://\) is not supported"):
             check_address("ray://127.0.0.1:10001")
         for passed in (None, "", "local", "auto"):

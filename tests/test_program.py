@@ -125,13 +125,17 @@ def test_an_argument_of_the_wrong_type_is_named_before_the_factory_runs():
         ({"epochs": 2.5}, "takes epochs as int, got float"),
         ({"epochs": 2, "cut": "all"}, r"argument cut='all': .* takes cut as int \| None, got str"),
         ({"epochs": 2, "shuffle": "no"}, "takes shuffle as bool, got str"),
-        ({"epochs": 2, "name": 3}, "takes name as str, got int"),
+        ({"epochs": 2, "lr": "fast"}, "takes lr as float, got str"),
+        ({"epochs": 2, "shuffle": 2}, "takes shuffle as bool, got int"),
     ]:
         with pytest.raises(ProgramError, match=said):
             load_program(factory, args)
     assert ran == []  # refused before the factory ran
     assert load_program(factory, {"epochs": 2, "lr": 1, "cut": None, "other": "free"}).epochs == 2  # int for float
-    assert ran == [2]
+    # what YAML makes of what was meant: a string of 2014 or on, a float of 1e-3 (a string to YAML 1.1), 1 for true
+    assert load_program(factory, {"epochs": 3, "name": 2014, "lr": "1e-3", "shuffle": 1}).epochs == 3
+    assert load_program(factory, {"epochs": 4, "name": True, "shuffle": 0}).epochs == 4
+    assert ran == [2, 3, 4]
 
 
 def test_a_module_that_raises_while_imported_is_a_program_error_naming_it(tmp_path, monkeypatch):

@@ -78,6 +78,19 @@ def test_every_worker_lost_mid_epoch_goes_back_to_a_checkpoint_with_the_loops_st
     job.shutdown()
 
 
+@pytest.mark.slow
+def test_a_loop_whose_only_worker_dies_at_the_same_step_every_time_fails_not_goes_back_for_ever(ray_local, tmp_path):
+    from elasticps.errors import JobFailedError
+    from elasticps.runtime.recovery import MAX_STEP_FAILURES
+
+    job = make_job(1, 1, functools.partial(loops.dies_at, 6), checkpoint_dir=str(tmp_path), checkpoint_every_steps=4)
+    with pytest.raises(JobFailedError, match=f"every worker was lost at step 6 {MAX_STEP_FAILURES} times"):
+        job.run()
+    backs = [e for e in job.report().events if "restored from checkpoint at step 4" in e]
+    assert len(backs) == MAX_STEP_FAILURES - 1, job.report().events  # the steps redone each time, then given up
+    job.shutdown()
+
+
 def test_a_rule_broken_after_the_first_steps_is_the_programs_error_not_worth_a_restart(ray_local):
     from elasticps.errors import ElasticPSError
     from elasticps.manager.ray_runtime import failed_before_first_step

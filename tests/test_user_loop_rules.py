@@ -214,9 +214,11 @@ def test_torchs_dataloader_options_that_a_job_has_no_use_for_are_refused_with_wh
     for option, why in [
         ({"num_workers": 2}, "has no num_workers: a worker reads its share of each batch in its own process"),
         ({"pin_memory": True}, "has no pin_memory: batches are not pinned"),
-        ({"sampler": None}, "has no sampler: the job orders and splits the data between its workers itself"),
+        ({"sampler": [3, 1, 2]}, "has no sampler: the job orders and splits the data between its workers itself"),
     ]:
         with pytest.raises(ProgramError, match=why):
             ept.DataLoader(train_set(), batch_size=64, **option)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         ept.DataLoader(train_set(), batch_size=64, bogus=1)
+    defaults = {"num_workers": 0, "pin_memory": False, "sampler": None, "persistent_workers": False}
+    assert ept.DataLoader(train_set(), batch_size=64, **defaults).batch_size == 64  # asks for nothing it lacks

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import re
 import shlex
 import signal
 import sys
@@ -78,6 +79,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+#: A number YAML 1.1 reads as a string: an exponent without a dot (1e-3, 5E+2).
+_FLOAT = re.compile(r"[-+]?\d+[eE][-+]?\d+")
+
+
 def factory_args(given: list[str]) -> dict[str, Any]:
     """``--args epochs=40 --args lr=0.1,seed=3``: the factory's keyword arguments, each
     value read as a YAML scalar (40 an int, 0.1 a float, true a bool, text a string)."""
@@ -93,6 +98,8 @@ def factory_args(given: list[str]) -> dict[str, Any]:
             parsed = yaml.safe_load(value) if value.strip() else ""
         except yaml.YAMLError:
             parsed = None
+        if isinstance(parsed, str) and _FLOAT.fullmatch(parsed.strip()):  # 1e-3: a string to YAML 1.1
+            parsed = float(parsed)
         if not isinstance(parsed, (str, int, float, bool)):
             raise ConfigError(f"--args {item!r}: the value must be a number, a boolean or a string")
         if key in out:
@@ -167,7 +174,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.ps < 1 or args.workers < 1:
         raise ConfigError(f"a job needs at least 1 PS and 1 worker, got {args.ps}x{args.workers}")
-    if args.standby_workers > min(args.workers, MAX_TASKS):  # before a cluster starts
+    if args.standby_workers > MAX_TASKS:  # before a cluster starts: JobConfig would refuse it after
+        raise ConfigError(f"--standby-workers {args.standby_workers}: a job keeps at most {MAX_TASKS}")
+    if args.standby_workers > args.workers:
         raise ConfigError(
             f"--standby-workers {args.standby_workers}: train keeps its shape, so a standby only takes a dead "
             f"worker's place; more than --workers ({args.workers}) are never used"

@@ -61,6 +61,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     import threading
 
     from elasticps.manager.workdir import (
+        URL_FILE,
         WorkdirLock,
         api_token,
         check_token,
@@ -143,10 +144,11 @@ def cmd_server(args: argparse.Namespace) -> int:
     loop.start()
     # The socket listens already, so a client started once these lines are out is queued, not refused.
     # (listening_at reads the first line back.)
-    url_file = write_url(workdir, args.host, port)  # a client given this workdir finds the server on any port
-    print(f"elasticps manager on http://{args.host}:{port} (state in {workdir})", flush=True)
-    print(f"dashboard: http://{args.host}:{port}/#token={token}", flush=True)
+    url_file = workdir / URL_FILE
     try:
+        write_url(workdir, args.host, port)  # a client given this workdir finds the server on any port
+        print(f"elasticps manager on http://{args.host}:{port} (state in {workdir})", flush=True)
+        print(f"dashboard: http://{args.host}:{port}/#token={token}", flush=True)
         config = uvicorn.Config(create_app(manager, token, frozenset(hosts)), log_level="warning")
         uvicorn.Server(config).run(sockets=[listener])
     finally:

@@ -90,6 +90,14 @@ def prepare(
 
 _OWN_PROCESS = "a worker reads its share of each batch in its own process (drop it; a job's workers are processes)"
 _OWN_ORDER = "the job orders and splits the data between its workers itself (shuffle= and seed= set the order)"
+#: torch's defaults of those options, which ask for what this loader does anyway (accepted; the others' is None).
+TORCH_DEFAULTS = {
+    "num_workers": 0,
+    "persistent_workers": False,
+    "timeout": 0,
+    "pin_memory": False,
+    "pin_memory_device": "",
+}
 #: Options of torch's DataLoader this one does not take, and why (a ported loop meets them first).
 TORCH_ONLY_OPTIONS = {
     "num_workers": _OWN_PROCESS,
@@ -139,10 +147,11 @@ class DataLoader:
         lr_scaling: str = "sqrt",
         **torch_options: Any,
     ) -> None:
-        for key in torch_options:  # torch's DataLoader takes them: said why not here, not a bare TypeError
+        for key, value in torch_options.items():  # torch's DataLoader takes them: said why not here
             if key not in TORCH_ONLY_OPTIONS:
                 raise TypeError(f"DataLoader() got an unexpected keyword argument {key!r}")
-            raise ProgramError(f"elasticps.torch.DataLoader has no {key}: {TORCH_ONLY_OPTIONS[key]}")
+            if value != TORCH_DEFAULTS.get(key):  # torch's own default asks for nothing this loader lacks
+                raise ProgramError(f"elasticps.torch.DataLoader has no {key}: {TORCH_ONLY_OPTIONS[key]}")
         map_style = hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
         if isinstance(dataset, IterableDataset) or not map_style:
             raise ProgramError(

@@ -22,7 +22,7 @@ from elasticps.manager.states import JobState
 from elasticps.manager.store import Rescale, Store
 
 #: Said of a job failed for good by its program's own error.
-OWN_ERROR = "the program's own error, which another start would meet again"
+OWN_ERROR = "not started again: its code would meet the same error"
 
 
 @dataclass

@@ -222,7 +222,8 @@ def _chain(exc: BaseException) -> list[BaseException]:
     current: BaseException | None = exc
     while current is not None and all(current is not e for e in out):
         out.append(current)
-        current = current.__cause__ or current.__context__ or getattr(current, "cause", None)
+        cause = getattr(current, "cause", None)  # a user's error may have a `cause` of its own, of any type
+        current = current.__cause__ or current.__context__ or (cause if isinstance(cause, BaseException) else None)
     return out
 
 

@@ -207,8 +207,9 @@ def client_workdir(workdir: str | Path | None) -> Path:
 
 def write_url(workdir: str | Path, host: str, port: int) -> Path:
     """Say where the server listens, for clients on this machine (an address for
-    every interface is reached on loopback)."""
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    every interface is reached on loopback). The server removes it when it stops;
+    one killed outright leaves it, and the next server on the workdir replaces it."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
     path = Path(workdir) / URL_FILE
     path.write_text(f"http://{f'[{host}]' if ':' in host else host}:{port}\n")
     return path

@@ -142,6 +142,7 @@ class Recovery:
         self._loops_back = loops_back
         self._read_tries: dict[str, int] = {}  # failed tries of a read between steps not yet done, by its name
         self._in_a_row = (-1, 0, 0)  # the last step that failed, how many times in a row, how many ran out of time
+        self._stale_losses: dict[int, tuple[int, int]] = {}  # by step: every worker lost there, and of those timeouts
 
     def stood(self) -> None:
         """A step stood (every shard applied it): the steps that failed or ran
@@ -307,6 +308,8 @@ class Recovery:
         # new loops would go on from the parameters of this step with the state of that one. Back to a checkpoint,
         # where the two were written together (a program's own steps keep no state in its workers: never stale).
         stale = plan.no_workers and not self._loops_back(self._step())
+        if stale:
+            self._count_stale_loss(exc, ran_out)
         source = state if plan.from_state and not stale else None
         if plan.restore == "torn":
             self._restore_ps(torn_why, source)
@@ -326,6 +329,22 @@ class Recovery:
                 raise JobFailedError("every worker died and replace_dead_workers is off") from exc
             self._replace_workers()
         self.rescaler.drop_stale()  # a shape change that was starting may keep tasks just removed
+
+    def _count_stale_loss(self, exc: BaseException, ran_out: bool) -> None:
+        """Every worker lost at this step, which sends the job back to a checkpoint:
+        the steps redone from there stand, so :meth:`recover`'s count of failures
+        in a row starts again each time. Counted here by the step instead: a loop
+        whose workers die (or hang) at the same step every time fails the job as
+        that count would have, not goes back for ever."""
+        step = self._step()
+        times, timeouts = self._stale_losses.get(step, (0, 0))
+        times, timeouts = times + 1, timeouts + ran_out
+        self._stale_losses[step] = (times, timeouts)
+        if times >= MAX_STEP_FAILURES or timeouts >= MAX_STEP_TIMEOUTS:
+            raise JobFailedError(
+                f"every worker was lost at step {step} {times} times, each time sent back to a checkpoint (the "
+                f"last: {error_text(exc)}); does the loop end its own process or hang on this step's data?"
+            ) from exc
 
     def _replace_workers(self) -> None:
         pending = self.rescaler.launch(self.requests.target, self.requests.applied, "replace", strict=False)
