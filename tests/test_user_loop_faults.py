@@ -62,6 +62,7 @@ def test_a_ps_killed_mid_epoch_is_restored_with_the_loops_registered_state(ray_l
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_every_worker_lost_mid_epoch_goes_back_to_a_checkpoint_with_the_loops_state(ray_local, tmp_path):
     # the loop's scheduler moves the lr every step; its state was last taken at step 5's checkpoint.
     # A new loop on step 8's parameters with step 5's scheduler would train on, silently off.
@@ -91,6 +92,7 @@ def test_a_loop_whose_only_worker_dies_at_the_same_step_every_time_fails_not_goe
     job.shutdown()
 
 
+@pytest.mark.slow
 def test_a_rule_broken_after_the_first_steps_is_the_programs_error_not_worth_a_restart(ray_local):
     from elasticps.errors import ElasticPSError
     from elasticps.manager.ray_runtime import failed_before_first_step
