@@ -28,6 +28,15 @@ def reference(fn, **kwargs):
     return flat_params(model), session.reports
 
 
+def assert_the_scheduled_mlp_of_one_process(job, report) -> None:
+    """``job`` (``loops.scheduled_mlp``) finished with one process's parameters and the
+    per-step scheduler's lr of every report."""
+    assert report.state == "finished" and report.step == 44
+    params, want = reference(loops.scheduled_mlp)
+    assert relative_error(job.parameters(), params) < TOL
+    assert [(m.step, m.values["lr"]) for m in report.metrics] == [(r["step"], r["metrics"]["lr"]) for r in want]
+
+
 @pytest.mark.slow
 def test_a_worker_killed_mid_epoch_the_job_goes_on_exactly(ray_local):
     kwargs = {"epochs": 2, "optimizer": "sgd", "lr": 0.05, "log_interval": 0}
@@ -72,10 +81,7 @@ def test_every_worker_lost_mid_epoch_goes_back_to_a_checkpoint_with_the_loops_st
     report = job.run()
     assert any("1 worker(s) died; none left" in e for e in report.events), report.events
     assert any("restored from checkpoint at step 5 (lost 3 steps)" in e for e in report.events), report.events
-    assert report.state == "finished" and report.step == 44
-    params, want = reference(loops.scheduled_mlp)
-    assert relative_error(job.parameters(), params) < TOL
-    assert [(m.step, m.values["lr"]) for m in report.metrics] == [(r["step"], r["metrics"]["lr"]) for r in want]
+    assert_the_scheduled_mlp_of_one_process(job, report)
     job.shutdown()
 
 
@@ -138,10 +144,7 @@ def test_a_worker_killed_while_a_checkpoint_reads_the_loops_state_leaves_the_che
     kill_task(job.ps[0].handle)
     report = job.run()
     assert any("restored from checkpoint at step 10 (lost 2 steps)" in e for e in report.events), report.events
-    assert report.state == "finished" and report.step == 44
-    params, want = reference(loops.scheduled_mlp)
-    assert relative_error(job.parameters(), params) < TOL
-    assert [(m.step, m.values["lr"]) for m in report.metrics] == [(r["step"], r["metrics"]["lr"]) for r in want]
+    assert_the_scheduled_mlp_of_one_process(job, report)
     job.shutdown()
 
 
@@ -219,8 +222,5 @@ def test_a_ps_killed_in_the_step_after_a_checkpoint_sends_the_loops_back_with_th
     kill_before(monkeypatch, steps, "sync_step", lambda group, *args: group.ps[0].handle)
     report = job.run()
     assert any("the PS restored from the state gathered at step 10 (no steps lost)" in e for e in report.events)
-    assert report.state == "finished" and report.step == 44
-    params, want = reference(loops.scheduled_mlp)
-    assert relative_error(job.parameters(), params) < TOL
-    assert [(m.step, m.values["lr"]) for m in report.metrics] == [(r["step"], r["metrics"]["lr"]) for r in want]
+    assert_the_scheduled_mlp_of_one_process(job, report)
     job.shutdown()

@@ -14,6 +14,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+from elasticps.manager.live import STOPPED
 from elasticps.manager.states import JobState
 from elasticps.sched import ClusterView
 
@@ -26,9 +27,8 @@ log = logging.getLogger("elasticps.manager")
 #: Event kinds whose newest message says why a job waits or ended as it did.
 REASON_KINDS = ("unfit", "failed", "error", "cancelled")
 #: Event kinds that end a run: after one, the job holds nothing until it is given a shape again
-#: (and an error event that says the job stopped, to start again: elasticps.manager.live).
+#: (and an error event that says the job stopped, to start again: elasticps.manager.live.STOPPED).
 RUN_ENDS = ("cancelled", "failed", "finished", "pending")
-STOPPED = "job stopped: "
 #: Events a job's detail view lists (the newest ones).
 MAX_EVENTS = 200
 

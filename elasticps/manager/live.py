@@ -54,6 +54,8 @@ log = logging.getLogger("elasticps.manager")
 #: A job fails for good after this many failures in a row (to start, or while it runs) with
 #: no step of progress between them; before that it starts again from its latest checkpoint.
 MAX_FAILURES = 3
+#: How the event of a run stopped by a failure (to start again) begins: where a run ended (the dashboard's shapes).
+STOPPED = "job stopped: "
 #: Seconds to wait before starting a job again after its n-th failure in a row: n times this.
 #: Ray takes up to ~30 s to declare a killed node dead; a start placed on it meanwhile fails.
 RESTART_BACKOFF_S = 15.0
@@ -254,7 +256,7 @@ class JobTable:
         wait_s = RESTART_BACKOFF_S * failures
         self._not_before[name] = now + wait_s
         again = f"it starts again from its latest checkpoint in {wait_s:g} s ({failures}/{MAX_FAILURES})"
-        self.store.add_event(now, name, "error", f"job stopped: {why}; {again}")  # dashboard.STOPPED: a run's end
+        self.store.add_event(now, name, "error", f"{STOPPED}{why}; {again}")
 
     def fail_on_figures(self, name: str, now: float, why: str) -> None:
         """Fail a job whose figures the scheduler cannot work with (the round goes on without it)."""
