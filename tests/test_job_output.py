@@ -34,3 +34,38 @@ def test_a_processes_streams_become_tagged_lines_and_still_reach_the_original(ca
     tee.write("line\nand two\nmore\n")
     assert got == ["[worker-1] half a line", "[worker-1] and two", "[worker-1] more"]
     assert capsys.readouterr().out == "half a line\nand two\nmore\n"
+
+
+def test_a_tasks_last_lines_reach_the_driver_before_it_is_stopped_or_its_job_ends(ray_local):
+    import ray
+
+    from elasticps.runtime import tasks
+    from elasticps.runtime.output import TaskOutput
+
+    @ray.remote(num_cpus=0)
+    class Driver:  # what a job's driver does with its tasks' lines: keeps them
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def write_output(self, lines: list[str]) -> None:
+            self.lines += lines
+
+        def kept(self) -> list[str]:
+            return self.lines
+
+    class Task:
+        def say(self, text: str) -> None:
+            print(text)
+
+        def close(self) -> None:
+            pass
+
+    driver = Driver.remote()
+    teed = ray.remote(num_cpus=0)(tasks._with_output(Task))
+    ended, stopped = (teed.remote(output=TaskOutput(driver, name)) for name in ("worker-0", "worker-1"))
+    ray.get([ended.say.remote("Test set: Average loss 0.1"), stopped.say.remote("last words")])
+    tasks.flush_output([ended])  # the job is about to be reported ended
+    assert "[worker-0] Test set: Average loss 0.1" in ray.get(driver.kept.remote())
+    tasks.retire([stopped])  # closed, then killed: its line is sent first
+    assert "[worker-1] last words" in ray.get(driver.kept.remote())
+    tasks.kill(ended)

@@ -113,6 +113,9 @@ class JobDriver:
             c.run()
         except BaseException as exc:
             self._failed(exc, fatal=failed_before_first_step(exc, c.started_step, c.step))
+        finally:  # the job is reported ended once this thread is: with every line its tasks printed
+            if self.output is not None:
+                c.flush_output()
 
     def _failed(self, exc: BaseException, fatal: bool) -> None:
         """Keep the error as plain text, and print its whole traceback into the job's output."""

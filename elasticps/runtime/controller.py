@@ -308,6 +308,12 @@ class JobController(JobLoop):
         thread.start()
         return thread
 
+    def flush_output(self) -> None:
+        """Wait (a few seconds at most) until what every task printed so far is in the job's output."""
+        with self._group.lock:
+            handles = [t.handle for t in self._group.ps + self._group.workers]
+        tasks.flush_output(handles)
+
     def shutdown(self) -> None:
         """Stop every task of the job (parameters live on in the checkpoints)."""
         self._group.retire_all()

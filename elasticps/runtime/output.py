@@ -32,6 +32,8 @@ MAX_LOG_BYTES = 1 << 20
 MAX_LINE = 4096
 #: A task's lines are sent to the driver this often.
 SEND_EVERY_S = 0.2
+#: How long a task waits for the driver to have written its last lines (:func:`flush_now`).
+FLUSH_WAIT_S = 5.0
 
 _FILE = re.compile(r"^(\d{15})\.log$")
 
@@ -103,6 +105,8 @@ class _Lines:
         self._partial: dict[str, str] = {}
         self._ready: list[str] = []
         self._lock = threading.Lock()
+        self._sending = threading.RLock()  # a print from within send() sends again
+        self._last_sent: Any = None
         self._every_s = every_s
         if every_s is not None:
             threading.Thread(target=self._loop, name="elasticps-output", daemon=True).start()
@@ -119,12 +123,16 @@ class _Lines:
         if self._every_s is None:
             self.flush()
 
-    def flush(self) -> None:
-        with self._lock:
-            ready, self._ready = self._ready, []
-        if ready:
-            with contextlib.suppress(Exception):  # the driver may be gone; the streams still have it all
-                self.send(ready)
+    def flush(self) -> Any:
+        """Hand the complete lines to ``send``; what it returned for the last lines
+        sent (now or before: a flush racing the background one waits for it)."""
+        with self._sending:
+            with self._lock:
+                ready, self._ready = self._ready, []
+            if ready:
+                with contextlib.suppress(Exception):  # the driver may be gone; the streams still have it all
+                    self._last_sent = self.send(ready)
+            return self._last_sent
 
     def _loop(self) -> None:
         stop = threading.Event()
@@ -150,13 +158,31 @@ class _Tee:
         return getattr(self._original, attr)
 
 
+_lines: _Lines | None = None  # this process's, once captured
+
+
 def capture(tag: str, send: Callable[[list[str]], Any], every_s: float | None = SEND_EVERY_S) -> None:
     """Tee this process's stdout and stderr into tagged lines for ``send`` (once per process)."""
+    global _lines
     if isinstance(sys.stdout, _Tee):
         return
-    lines = _Lines(tag, send, every_s)
+    _lines = lines = _Lines(tag, send, every_s)
     sys.stdout = _Tee(sys.stdout, lines, "stdout")  # type: ignore[assignment]
     sys.stderr = _Tee(sys.stderr, lines, "stderr")  # type: ignore[assignment]
+
+
+def flush_now(timeout_s: float = FLUSH_WAIT_S) -> None:
+    """Send this process's complete lines now and wait (at most ``timeout_s``) until
+    its job's driver has written them: a task about to be stopped, or whose job is
+    about to be reported ended, would otherwise take its last lines with it."""
+    if _lines is None:
+        return
+    sent = _lines.flush()
+    if sent is not None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            ray.wait([sent], timeout=timeout_s)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from elasticps.program import TrainingProgram
 from elasticps.runtime import output
 from elasticps.runtime.bounded_get import TakenForHung, hung_in
 from elasticps.runtime.config import DEFAULT_STEP_TIMEOUT_S, TaskResources
-from elasticps.runtime.output import TaskOutput
+from elasticps.runtime.output import FLUSH_WAIT_S, TaskOutput, flush_now
 from elasticps.runtime.ps import PSShard
 from elasticps.runtime.worker import Worker
 
@@ -58,7 +58,9 @@ def _with_output(cls: type) -> type:
     driver (``output``: see :mod:`elasticps.runtime.output`), so that what the
     program prints while it builds the model is kept too.
 
-    Its process is quiet about failed results it never reads (:func:`quiet_unread_failures`)."""
+    Its process is quiet about failed results it never reads (:func:`quiet_unread_failures`).
+    Its last lines reach the driver before it is stopped (:meth:`close`) and when
+    asked (:meth:`flush_output`: the job is about to be reported ended)."""
 
     class Teed(cls):  # type: ignore[valid-type, misc]
         def __init__(self, *args: Any, output: TaskOutput | None = None, **kwargs: Any) -> None:
@@ -66,6 +68,13 @@ def _with_output(cls: type) -> type:
             if output is not None:
                 output.install()
             super().__init__(*args, **kwargs)
+
+        def close(self) -> None:
+            super().close()
+            flush_now()
+
+        def flush_output(self) -> None:
+            flush_now()
 
     Teed.__name__ = Teed.__qualname__ = cls.__name__
     return Teed
@@ -254,16 +263,27 @@ def is_alive(handle: Any, timeout_s: float) -> bool:
     return True
 
 
+def flush_output(handles: list[Any], timeout_s: float = FLUSH_WAIT_S) -> None:
+    """Wait (at most ``timeout_s``) until each task's output so far is written by
+    its job's driver (see :mod:`elasticps.runtime.output`)."""
+    _call_all(handles, "flush_output", timeout_s)
+
+
 def retire(handles: list[Any], timeout_s: float = 5.0) -> None:
     """Let tasks release what they hold (shared memory), then kill them."""
+    _call_all(handles, "close", timeout_s)
+    for h in handles:
+        kill(h)
+
+
+def _call_all(handles: list[Any], method: str, timeout_s: float) -> None:
+    """Call ``method`` of every task and wait for the answers, ``timeout_s`` at most in all."""
     refs = []
     for h in handles:
         with contextlib.suppress(Exception):
-            refs.append(h.close.remote())
+            refs.append(getattr(h, method).remote())
     if refs:
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    for h in handles:
-        kill(h)
 
 
 @ray.remote(num_cpus=0)
