@@ -5,6 +5,8 @@ import re
 #: A terminal's colour codes, which Ray puts in its errors' text.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _TRACEBACK = "Traceback (most recent call last):"
+#: The most errors :func:`error_chain` follows (a chain built in a loop may be long).
+MAX_CHAIN = 32
 
 
 class ElasticPSError(Exception):
@@ -38,6 +40,27 @@ class UnschedulableError(ConfigError):
 
 class JobEndedError(ConfigError):
     """The job has ended, so it can no longer be changed."""
+
+
+def error_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from (``raise ... from``) or while
+    handling (``__context__``), a Ray task's error's ``cause`` among them: each
+    once, at most ``MAX_CHAIN``."""
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(out) < MAX_CHAIN and all(current is not e for e in out):
+        out.append(current)
+        cause = getattr(current, "cause", None)  # a user's error may have a `cause` of its own, of any type
+        current = current.__cause__ or current.__context__ or (cause if isinstance(cause, BaseException) else None)
+    return out
+
+
+def broke_a_rule(exc: BaseException) -> bool:
+    """``exc`` comes from elasticps's judgement that the program is wrong: a
+    :class:`ProgramError` (or an error marked ``rule_broken``, from a user's
+    loop in another process) is ``exc`` or among the errors it was raised from
+    or while handling (a loop that wraps it in its own error)."""
+    return any(isinstance(e, ProgramError) or getattr(e, "rule_broken", False) is True for e in error_chain(exc))
 
 
 def error_text(exc: BaseException) -> str:

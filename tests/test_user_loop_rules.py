@@ -4,6 +4,7 @@ to change; global-norm clipping is recorded for the PS shards."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import numpy as np
@@ -222,3 +223,50 @@ def test_torchs_dataloader_options_that_a_job_has_no_use_for_are_refused_with_wh
         ept.DataLoader(train_set(), batch_size=64, bogus=1)
     defaults = {"num_workers": 0, "pin_memory": False, "sampler": None, "persistent_workers": False}
     assert ept.DataLoader(train_set(), batch_size=64, **defaults).batch_size == 64  # asks for nothing it lacks
+
+
+def _wrapped_rule(how: str):
+    """A loop that breaks a rule (report() of a string) and raises its own error over the ProgramError."""
+
+    def loop():
+        try:
+            ept.report(accuracy="high")
+        except ProgramError as exc:
+            if how == "from":
+                raise RuntimeError("my loop failed") from exc
+            raise RuntimeError("my loop failed while handling it")  # noqa: B904
+
+    return loop
+
+
+@pytest.mark.parametrize("how", ["from", "while handling"])
+def test_a_rule_broken_under_the_loops_own_error_is_still_a_rule_broken(how, monkeypatch):
+    from elasticps.runtime.loop_worker import LoopWorker, TrainingFunctionError
+
+    for owner, name in [(torch.Tensor, "backward"), (torch.nn.utils, "clip_grad_norm_")]:
+        monkeypatch.setattr(owner, name, getattr(owner, name))  # the worker's hooks undone at the end
+    monkeypatch.setattr(torch.nn.utils.clip_grad, "clip_grad_norm_", torch.nn.utils.clip_grad.clip_grad_norm_)
+    monkeypatch.setattr(api, "_session", api._session)
+    threads = torch.get_num_threads()
+    program = load_program(make_loop(body=plain_step))
+    program.fn = _wrapped_rule(how)
+    worker = LoopWorker(program, shared_memory=False)
+    try:
+        with pytest.raises(TrainingFunctionError, match="report.. takes numbers") as failed:
+            worker.ready()
+        assert failed.value.rule_broken and worker.rule_broken  # not restarted: it would break it again
+    finally:
+        worker.close()
+        torch.set_num_threads(threads)
+
+
+def test_the_error_chain_is_followed_once_per_error_and_bounded():
+    from elasticps.errors import MAX_CHAIN, error_chain
+
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__context__, b.__context__ = b, a  # a cycle
+    assert error_chain(a) == [a, b]
+    errors = [RuntimeError(str(i)) for i in range(3 * MAX_CHAIN)]
+    for outer, inner in itertools.pairwise(errors):
+        outer.__cause__ = inner
+    assert len(error_chain(errors[0])) == MAX_CHAIN

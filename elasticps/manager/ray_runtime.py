@@ -28,7 +28,15 @@ from ray._private import state as ray_state
 from ray.core.generated.common_pb2 import ErrorType
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from elasticps.errors import ConfigError, ElasticPSError, JobFailedError, ProgramError, UserCodeError
+from elasticps.errors import (
+    ConfigError,
+    ElasticPSError,
+    JobFailedError,
+    ProgramError,
+    UserCodeError,
+    broke_a_rule,
+    error_chain,
+)
 from elasticps.manager.capacity import ray_cluster_view, ray_hostnames
 from elasticps.manager.pinning import upload_pinned
 from elasticps.manager.runtime import JobStatus, Launch, ProgramInfo
@@ -219,26 +227,9 @@ def failed_before_first_step(exc: BaseException, started_step: int | None, step:
 _MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the errors it was raised from, a Ray task's error's cause among them."""
-    out: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not e for e in out):
-        out.append(current)
-        cause = getattr(current, "cause", None)  # a user's error may have a `cause` of its own, of any type
-        current = current.__cause__ or current.__context__ or (cause if isinstance(cause, BaseException) else None)
-    return out
-
-
-def broke_a_rule(exc: BaseException) -> bool:
-    """``exc`` comes from elasticps's judgement that the program is wrong (a
-    :class:`ProgramError`, in this process or in a user's loop)."""
-    return any(isinstance(e, ProgramError) or getattr(e, "rule_broken", False) is True for e in _chain(exc))
-
-
 def _machine_trouble(exc: BaseException) -> bool:
     """``exc``, or an error it was raised from, is an OSError of the machine's (``_MACHINE_ERRNOS``)."""
-    return any(isinstance(e, OSError) and e.errno in _MACHINE_ERRNOS for e in _chain(exc))
+    return any(isinstance(e, OSError) and e.errno in _MACHINE_ERRNOS for e in error_chain(exc))
 
 
 #: Ray's own failures (a process or node gone), told apart from everything else.

@@ -21,7 +21,7 @@ import numpy as np
 import ray
 import torch
 
-from elasticps.errors import ProgramError
+from elasticps.errors import ProgramError, broke_a_rule
 from elasticps.loop.api import set_session
 from elasticps.loop.program import LoopProgram
 from elasticps.loop.worker_session import RELEASE, ParamsMessage, Released, StepMessage, WorkerSession
@@ -37,8 +37,9 @@ _ENDED = object()
 
 class TrainingFunctionError(Exception):
     """The user's function raised: its traceback, as text (it crosses processes).
-    ``rule_broken``: what it raised was a :class:`ProgramError` (a rule of
-    ``elasticps.torch`` broken): the same code breaks it again after any restart."""
+    ``rule_broken``: what it raised was, or was raised from or while handling,
+    a :class:`ProgramError` (a rule of ``elasticps.torch`` broken): the same
+    code breaks it again after any restart."""
 
     def __init__(self, text: str, rule_broken: bool = False) -> None:
         super().__init__(text)
@@ -117,7 +118,7 @@ class LoopWorker(WorkerBase):
             pass
         except BaseException as exc:  # the user's error: kept, and given to the step waiting for it
             self.error = "".join(traceback.format_exception(exc))
-            self.rule_broken = isinstance(exc, ProgramError)
+            self.rule_broken = broke_a_rule(exc)  # a ProgramError the loop wrapped in its own error too
             self.session.outbox.put(TrainingFunctionError(self.error, self.rule_broken))
             self.session.snapshots.put(TrainingFunctionError(self.error, self.rule_broken))
         finally:
