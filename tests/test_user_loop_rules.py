@@ -15,6 +15,7 @@ import elasticps.torch as ept
 from elasticps import ProgramError, load_program
 from elasticps.examples.digits import train_set
 from elasticps.loop import api
+from elasticps.loop.local import LocalSession
 from elasticps.loop.worker_session import RELEASE, StepMessage, WorkerSession
 from elasticps.runtime.data import DataPosition, GlobalBatches
 from elasticps.runtime.loop_worker import _install_clip_hook
@@ -84,19 +85,20 @@ def plain_step(model, opt, x, y):
     opt.step()
 
 
+def by_hand(model, opt, x, y):
+    model.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data -= 0.1 * p.grad
+
+
 def test_the_stand_in_job_runs_a_fitting_loop():
     stats = drive(make_loop(body=plain_step))
     assert len(stats) == 3 and all(s["groups"][0]["lr"] == 0.1 and s["clip"] is None for s in stats)
 
 
 def test_parameters_changed_by_hand_without_the_optimizer_fail_at_the_first_step():
-    def by_hand(model, opt, x, y):
-        model.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.data -= 0.1 * p.grad
-
     with pytest.raises(
         ProgramError, match=r"did not step\(\), yet the parameters changed .* or p.data changed by hand"
     ):
@@ -270,3 +272,97 @@ def test_the_error_chain_is_followed_once_per_error_and_bounded():
     for outer, inner in itertools.pairwise(errors):
         outer.__cause__ = inner
     assert len(error_chain(errors[0])) == MAX_CHAIN
+
+
+def run_alone(loop) -> None:
+    """``loop`` as ``python train.py`` runs it: one process, no job."""
+    with api.active(LocalSession()):
+        loop()
+
+
+def bn_model():
+    return torch.nn.Sequential(torch.nn.Linear(64, 10), torch.nn.BatchNorm1d(10))
+
+
+def step_twice(model, opt, x, y):
+    plain_step(model, opt, x, y)
+    opt.step()
+
+
+def closure_step(model, opt, x, y):
+    opt.step(lambda: torch.nn.functional.cross_entropy(model(x), y))
+
+
+@pytest.mark.parametrize(
+    ("model_fn", "body"),
+    [
+        (bn_model, plain_step),
+        (lambda: torch.nn.Linear(64, 10), step_twice),
+        (lambda: torch.nn.Linear(64, 10), by_hand),
+        (lambda: torch.nn.Linear(64, 10), closure_step),
+    ],
+    ids=["batchnorm in training mode", "step twice", "parameters by hand", "step(closure)"],
+)
+def test_a_loop_run_alone_is_told_what_a_job_would_tell_it(model_fn, body):
+    loop = make_loop(model_fn=model_fn, body=body)
+    with pytest.raises(ProgramError) as in_a_job:
+        drive(loop)
+    with pytest.raises(ProgramError) as alone:
+        run_alone(loop)
+    assert str(alone.value) == str(in_a_job.value)
+
+
+def test_a_second_optimizer_is_named_alone_as_in_a_job():
+    def loop():
+        model = torch.nn.Linear(64, 10)
+        model, _ = ept.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)  # not the prepared one
+        loader = ept.DataLoader(train_set(), batch_size=64)
+        for _ in ept.epochs(1):
+            for x, y in loader:
+                plain_step(model, opt, x, y)
+
+    with pytest.raises(ProgramError) as in_a_job:
+        drive(loop)
+    with pytest.raises(ProgramError) as alone:
+        run_alone(loop)
+    assert str(alone.value) == str(in_a_job.value) and "made after prepare" in str(alone.value)
+
+
+def test_an_epoch_left_before_its_end_is_refused_alone():
+    def loop():
+        model = torch.nn.Linear(64, 10)
+        model, opt = ept.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        loader = ept.DataLoader(train_set(), batch_size=64)
+        for _ in ept.epochs(2):
+            for x, y in loader:
+                plain_step(model, opt, x, y)
+                break
+
+    with pytest.raises(ProgramError, match="the loop over the DataLoader ended before epoch 0 did"):
+        run_alone(loop)
+
+
+def test_checking_the_rules_alone_changes_nothing_the_loop_computes(recwarn):
+    """The same loop with and without prepare(), a scheduler made before and one after it: the same parameters."""
+
+    def loop(prepared: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        before = torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)
+        if prepared:
+            model, opt = ept.prepare(model, opt)
+        after = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+        loader = ept.DataLoader(train_set(), batch_size=128, shuffle=True)
+        for _ in ept.epochs(2):
+            for x, y in loader:
+                plain_step(model, opt, x, y)
+                before.step()
+                after.step()
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    with api.active(LocalSession()):
+        plain, checked = loop(False), loop(True)
+    assert torch.equal(plain, checked)
+    assert not [w for w in recwarn if "lr_scheduler" in str(w.message)]

@@ -29,7 +29,6 @@ from __future__ import annotations
 import io
 import queue
 import threading
-import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 
 from elasticps.errors import ProgramError
+from elasticps.loop import rules
 from elasticps.loop.api import DataLoader
 from elasticps.loop.embedding import RowClient, tables_of
 from elasticps.loop.local import check_prepare_args
@@ -48,7 +48,6 @@ from elasticps.runtime.flat import FlatModel
 
 UNKNOWN = object()  # where the next step is, before the first message
 RELEASE = object()
-CHECKED_STEPS = 3  # steps on which a worker checks that only the prepared optimizer changed the parameters
 
 
 @dataclass
@@ -91,25 +90,6 @@ def _hyperparameters(opt: torch.optim.Optimizer) -> list[dict[str, Any]]:
     return out
 
 
-def _elastic_step(opt: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> None:
-    """The prepared optimizer's ``step()`` (a method of the optimizer, so an LR
-    scheduler may wrap it as it wraps any optimizer's)."""
-    opt._opt_called = True  # type: ignore[attr-defined]  # what torch's LR schedulers check
-    opt._elasticps_session.optimizer_step(closure)  # type: ignore[attr-defined]
-
-
-def _scheduled_step(opt: torch.optim.Optimizer) -> Callable[..., None]:
-    """The prepared ``step()`` for an optimizer an LR scheduler wrapped before
-    ``prepare()``, marked as that scheduler marks its wrapper: it then finds the
-    step it wrapped still watched, and says nothing of it being overridden."""
-
-    def step(closure: Callable[[], Any] | None = None) -> None:
-        _elastic_step(opt, closure)
-
-    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-    return step
-
-
 @dataclass
 class WorkerSession:
     tables_on_ps = True  # an elasticps.torch.Embedding built here allocates nothing
@@ -139,7 +119,7 @@ class WorkerSession:
         self.clip: tuple[float, float] | None = None  # this batch's clip_grad_norm_ (max_norm, norm_type)
         self.norm_layers: list[torch.nn.Module] = []
         self.bound: tuple[list[np.ndarray], list[tuple[int, int]]] | None = None
-        self.checks_left = CHECKED_STEPS
+        self.watch = rules.ParamsWatch()  # only the prepared optimizer changes the parameters (first steps)
         self.rows: RowClient | None = None
         self.rng_points = 0  # rng_point() calls so far
         self.row_grads: list[tuple[int, np.ndarray, np.ndarray]] = []  # the last step's, for the push
@@ -148,7 +128,7 @@ class WorkerSession:
     def prepare(self, model: Any, opt: Any, inexact: bool) -> tuple[Any, Any]:
         check_prepare_args(model, opt)
         if self.flat is not None:
-            raise ProgramError("prepare() was called twice: a job trains one model with one optimizer")
+            raise rules.prepared_twice()
         layout = OptimizerLayout.of(model, opt, inexact)
         if layout.segments != self.program.layout.segments:
             raise ProgramError("this worker's model or param groups differ from those of the describe run")
@@ -162,13 +142,9 @@ class WorkerSession:
             self.rng_point()
         skip = self.rows.param_ids if self.rows else None
         self.flat = FlatModel(model, self.grad_buffer(numel), skip)
-        self.norm_layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+        self.norm_layers = rules.norm_layers(model)
         self.opt = opt
-        opt._elasticps_session = self  # type: ignore[attr-defined]
-        if hasattr(opt.step, "_wrapped_by_lr_sched"):  # an LR scheduler made before prepare() wrapped it
-            opt.step = _scheduled_step(opt)  # type: ignore[method-assign]
-        else:  # a method, as a scheduler made after prepare() wraps it
-            opt.step = types.MethodType(_elastic_step, opt)  # type: ignore[method-assign]
+        rules.route_step(opt, self)
         self.prepared.set()
         return model, opt
 
@@ -206,10 +182,7 @@ class WorkerSession:
                 self.epoch = None
                 return
             if self.next_epoch == self.epoch:
-                raise ProgramError(
-                    f"the loop over the DataLoader ended before epoch {self.epoch} did: every epoch of "
-                    "elasticps.torch.epochs(n) must iterate the DataLoader to its end"
-                )
+                raise rules.epoch_cut_short(self.epoch)
             self.epoch = self.next_epoch
             yield self.epoch
 
@@ -218,14 +191,7 @@ class WorkerSession:
             raise ProgramError("iterate the DataLoader inside `for epoch in elasticps.torch.epochs(n)`")
         epoch = self.epoch
         while True:
-            if not self.pushed:
-                # changed parameters say how: another optimizer's step (one made after prepare()), or by hand
-                self._check_params(lead="the prepared optimizer did not step(), yet the parameters changed")
-                raise ProgramError(
-                    "the loop asked for the next batch before the prepared optimizer's step(): every batch "
-                    "must end with optimizer.step() (parameters changed by hand, e.g. through p.data, are "
-                    "not trained: the PS holds them)"
-                )
+            rules.check_stepped(self.pushed, self._check_params)
             msg = self.stash
             if msg is None:
                 if self.next_epoch is not UNKNOWN and self.next_epoch != epoch:
@@ -267,21 +233,9 @@ class WorkerSession:
 
     # -- the step boundary ------------------------------------------------------------
     def optimizer_step(self, closure: Callable[[], Any] | None) -> None:
-        if closure is not None:
-            raise ProgramError("optimizer.step(closure) (LBFGS-style re-evaluation) is not supported in a job")
         msg = self.current
-        if msg is None or self.pushed:
-            raise ProgramError(
-                "optimizer.step() was called twice for one batch, or outside the loop over the DataLoader: "
-                "one prepared optimizer steps once per batch (a second optimizer is not supported)"
-            )
-        assert self.flat is not None and self.opt is not None
-        if any(m.training for m in self.norm_layers):
-            raise ProgramError(
-                "BatchNorm in training mode normalises each worker's share of the batch by the share's "
-                "statistics, so sync training would not be the one-process training: use GroupNorm or "
-                "LayerNorm, or keep the BatchNorm layers in eval mode"
-            )
+        rules.check_step(closure, msg is not None and not self.pushed, self.norm_layers)
+        assert msg is not None and self.flat is not None and self.opt is not None
         self._check_params("between the batch and the prepared optimizer's step()")
         self.flat.collect_grads()
         if msg.scale != 1.0:
@@ -320,21 +274,16 @@ class WorkerSession:
         return True
 
     def _check_params(self, where: str = "", lead: str = "") -> None:
-        """On a worker's first steps: the parameters are still those pulled (else a
-        ProgramError, led by ``lead``, else by the parameters changed ``where``)."""
-        if self.checks_left <= 0 or self.bound is None or self.flat is None:
-            return
-        self.checks_left -= 1
+        """On a worker's first steps: the parameters are still those pulled (:class:`ParamsWatch`)."""
+        self.watch.check(self._changed if self.bound is not None and self.flat is not None else None, where, lead)
+
+    def _changed(self) -> bool:
+        assert self.bound is not None and self.flat is not None
         parts, bounds = self.bound
-        for part, (lo, hi) in zip(parts, bounds, strict=True):
-            if not torch.equal(self.flat.params[lo:hi], torch.from_numpy(np.asarray(part))):
-                lead = lead or f"parameters changed {where} other than by the prepared optimizer"
-                raise ProgramError(
-                    f"{lead} (a second optimizer, "
-                    "one made after prepare() included, or p.data changed by hand): the PS shards hold the "
-                    "parameters, so such a change would be lost; step the optimizer prepare() returned, and "
-                    "change parameters only through it"
-                )
+        return any(
+            not torch.equal(self.flat.params[lo:hi], torch.from_numpy(np.asarray(part)))
+            for part, (lo, hi) in zip(parts, bounds, strict=True)
+        )
 
     def note_loss(self, value: float) -> None:
         """A scalar the loop called ``backward()`` on (its loss), for the job's reports."""

@@ -1,0 +1,122 @@
+"""The rules of a loop's step that a job's worker needs kept, written once.
+
+A job's worker (:class:`~elasticps.loop.worker_session.WorkerSession`) and one
+process (:class:`~elasticps.loop.local.LocalSession`) both check them, with the
+same :class:`ProgramError`, so that a loop run alone is told what a job would
+tell it. Each function raises, or says nothing; where the parameters are kept
+differs (a worker's flat buffer, a copy in one process), so the comparison
+comes in as ``changed``.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from elasticps.errors import ProgramError
+
+CHECKED_STEPS = 3  # checks, on a loop's first steps, that only the prepared optimizer changed the parameters
+
+
+class StepOwner(Protocol):
+    def optimizer_step(self, closure: Callable[[], Any] | None) -> Any: ...
+
+
+def _elastic_step(opt: torch.optim.Optimizer, closure: Callable[[], Any] | None = None) -> Any:
+    """The prepared optimizer's ``step()`` (a method of the optimizer, so an LR
+    scheduler may wrap it as it wraps any optimizer's)."""
+    opt._opt_called = True  # type: ignore[attr-defined]  # what torch's LR schedulers check
+    return opt._elasticps_session.optimizer_step(closure)  # type: ignore[attr-defined]
+
+
+def route_step(opt: torch.optim.Optimizer, owner: StepOwner) -> None:
+    """Make ``opt.step(closure)`` call ``owner.optimizer_step(closure)``. An LR
+    scheduler made before ``prepare()`` wrapped the step: the new one is marked
+    as that scheduler marks its wrapper, so it finds the step it wrapped still
+    watched and says nothing of it being overridden; else the step is a method,
+    as a scheduler made after ``prepare()`` wraps it."""
+    opt._elasticps_session = owner  # type: ignore[attr-defined]
+    if hasattr(opt.step, "_wrapped_by_lr_sched"):
+
+        def step(closure: Callable[[], Any] | None = None) -> Any:
+            return _elastic_step(opt, closure)
+
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        opt.step = step  # type: ignore[method-assign]
+    else:
+        opt.step = types.MethodType(_elastic_step, opt)  # type: ignore[method-assign]
+
+
+def prepared_twice() -> ProgramError:
+    return ProgramError("prepare() was called twice: a job trains one model with one optimizer")
+
+
+def norm_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's BatchNorm layers (checked at every step: :func:`check_step`)."""
+    return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def check_step(closure: Callable[[], Any] | None, batch_open: bool, norms: list[torch.nn.Module]) -> None:
+    """At the prepared optimizer's ``step()``: ``batch_open``, a batch was handed
+    out and not stepped yet; ``norms``, the model's BatchNorm layers."""
+    if closure is not None:
+        raise ProgramError("optimizer.step(closure) (LBFGS-style re-evaluation) is not supported in a job")
+    if not batch_open:
+        raise ProgramError(
+            "optimizer.step() was called twice for one batch, or outside the loop over the DataLoader: "
+            "one prepared optimizer steps once per batch (a second optimizer is not supported)"
+        )
+    if any(m.training for m in norms):
+        raise ProgramError(
+            "BatchNorm in training mode normalises each worker's share of the batch by the share's "
+            "statistics, so sync training would not be the one-process training: use GroupNorm or "
+            "LayerNorm, or keep the BatchNorm layers in eval mode"
+        )
+
+
+def check_stepped(stepped: bool, check_params: Callable[..., None]) -> None:
+    """As the loop asks for the next batch: the last one ended with the prepared
+    optimizer's step. If not, changed parameters say how (another optimizer's
+    step, one made after ``prepare()``, or by hand): ``check_params(lead=...)``."""
+    if stepped:
+        return
+    check_params(lead="the prepared optimizer did not step(), yet the parameters changed")
+    raise ProgramError(
+        "the loop asked for the next batch before the prepared optimizer's step(): every batch "
+        "must end with optimizer.step() (parameters changed by hand, e.g. through p.data, are "
+        "not trained: the PS holds them)"
+    )
+
+
+def epoch_cut_short(epoch: int) -> ProgramError:
+    """The loop went on to the next epoch before the DataLoader's loop over ``epoch`` ended."""
+    return ProgramError(
+        f"the loop over the DataLoader ended before epoch {epoch} did: every epoch of "
+        "elasticps.torch.epochs(n) must iterate the DataLoader to its end"
+    )
+
+
+class ParamsWatch:
+    """On a loop's first ``CHECKED_STEPS`` checks: the parameters are still the
+    ones the prepared optimizer left (a worker: those it pulled)."""
+
+    def __init__(self) -> None:
+        self.checks_left = CHECKED_STEPS
+
+    def check(self, changed: Callable[[], bool] | None, where: str = "", lead: str = "") -> None:
+        """A ProgramError if ``changed()``, led by ``lead``, else by the parameters
+        changed ``where``; ``changed`` None: nothing to compare with yet."""
+        if self.checks_left <= 0 or changed is None:
+            return
+        self.checks_left -= 1
+        if changed():
+            lead = lead or f"parameters changed {where} other than by the prepared optimizer"
+            raise ProgramError(
+                f"{lead} (a second optimizer, "
+                "one made after prepare() included, or p.data changed by hand): the PS shards hold the "
+                "parameters, so such a change would be lost; step the optimizer prepare() returned, and "
+                "change parameters only through it"
+            )
