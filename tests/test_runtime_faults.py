@@ -582,3 +582,22 @@ def test_a_new_ps_killed_after_it_ran_leaves_the_job_exact_without_a_checkpoint(
     ref = train_single_process(program, max_steps=job.step)
     assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()
+
+
+@pytest.mark.slow  # 11 s
+def test_a_rescale_asked_before_the_job_lost_its_worker_ends_with_an_event_saying_it_was_dropped(ray_local):
+    """A probe asked (1x1 -> 1x2), then the only worker killed before it is applied, with nothing to replace it:
+    the job fails, and its log says the rescale was dropped, one line after the failure's."""
+    job = make_job(1, 1, digits.program(epochs=50), replace_dead_workers=False)
+    try:
+        job.run(max_steps=2)
+        job.rescale(1, 2)
+        kill_task(job.workers[0].handle)
+        job.run_in_thread().join(120)
+        events = job.report().events
+        assert job.state == "failed", events
+        assert "every worker died and replace_dead_workers is off" in job.error, job.error
+        assert events[-1].endswith("the rescale to 1x2 was dropped: the job failed first"), events
+        assert "failed: JobFailedError" in events[-2], events
+    finally:
+        job.shutdown()

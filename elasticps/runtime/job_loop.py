@@ -105,7 +105,10 @@ class JobLoop:
             self.state = "failed"
             self.error = f"{type(exc).__name__}: {exc}"
             self._event(f"failed: {self.error}")
+            self._rescale.drop_unapplied(self.state)  # e.g. its tasks were lost, and with them the job
             raise
+        if self.state in ("finished", "stopped"):
+            self._rescale.drop_unapplied(self.state)
         return self.report()
 
     def _fill_standbys(self) -> None:

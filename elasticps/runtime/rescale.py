@@ -307,6 +307,16 @@ class Rescaler:
         shape = pending.shape
         self._event(f"the rescale to {shape.num_ps}x{shape.num_workers} kept tasks that are gone: starting it again")
 
+    def drop_unapplied(self, ended: str) -> None:
+        """The job ``ended`` (failed, stopped, finished) with a request not applied
+        (its tasks starting, or not started yet): it is dropped with the job, and
+        the job's log says so after the line that asked for it."""
+        with self._lock:
+            shape, request_id = self.requests.latest()
+            unapplied = request_id > self.requests.applied
+        if unapplied:
+            self._event(f"the rescale to {shape.num_ps}x{shape.num_workers} was dropped: the job {ended} first")
+
     def switch_failed(self, failed: SwitchFailed, job_error: str | None) -> None:
         """After the recovery from ``failed``: its request stays unapplied, so the
         next boundary starts it again against the tasks there are; it fails
