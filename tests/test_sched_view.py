@@ -201,7 +201,8 @@ def test_new_jobs_of_a_kind_start_at_draws_of_its_curve_that_spread_where_it_is_
     """Under a fleet prior that measured shapes up to 2 x 4, each new job is judged by a draw of its
     curve keyed by its id: the same draw every time; the draws' bests differ among the shapes the
     kind never ran, where its curve is unsure, and a shape it measured keeps about its value; a far
-    corner stays capped at the fastest measured. Once a job has run, the curve itself judges it."""
+    corner is drawn from the kind's form too (new jobs are how a kind learns beyond what it ran),
+    where the curve that judges a job once it has run stays capped at the fastest measured."""
     measured = [(p, w) for p in (1, 2) for w in (1, 2, 3, 4)]
     prior = fleet_prior(64, _reports(_speed, measured, 0.14, 10))
     assert prior.identified
@@ -217,7 +218,9 @@ def test_new_jobs_of_a_kind_start_at_draws_of_its_curve_that_spread_where_it_is_
         return max(ratios) / min(ratios)
 
     assert spread((2, 4)) < 1.1 < spread((2, 6))  # measured ten times / never run
-    assert spread((4, 8)) == 1.0 and curve.speed(4, 8) <= max(curve.speed(*s) for s in measured)
+    assert curve.speed(4, 8) <= max(curve.speed(*s) for s in measured) < prior.pooled(4, 8)
+    drawn = sorted(plan.speed(4, 8) / prior.pooled(4, 8) for plan in plans)
+    assert spread((4, 8)) > 1.1 and 0.9 < drawn[len(drawn) // 2] < 1.1  # draws about the form, not capped
 
     ran = SpeedModel(64).fit([Observation(2, 4, _speed(2, 4))])
     mine = plan_view(ran, LIMITS, (2, 4), prior=prior, draw="job-0")

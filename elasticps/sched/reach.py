@@ -7,8 +7,9 @@ predicted 2.7x what it measured; in the simulator under ``--truth grid``, jobs
 started at 1 PS x 15 workers, 0.19 of their best, on the form's word). So a
 shape counts as known only within :data:`REACH` of one measured (at least one
 task either way), and a shape beyond counts no faster than the fastest
-measured (:func:`capped`): a job is not sent there on the form's word. It can
-still get there by a probe (:meth:`SpeedModel.probes` ranks every shape not
+measured (:func:`capped`): a job is not moved there on the form's word (a new
+job of a kind may start there: :mod:`elasticps.sched.view`). It can still get
+there by a probe (:meth:`SpeedModel.probes` ranks every shape not
 measured: keeping probes within reach lost more on the measured grid, see
 docs/simulator.md).
 """

@@ -25,7 +25,10 @@ decide its shape for good. Every plan names the shapes the job has run
 
 Wherever a model judges, a shape far from every one measured (by the job,
 or under a fleet prior by its kind too) counts no faster than the fastest
-measured (:mod:`.reach`): it is reached by probes, not chosen on the form's word.
+measured (:mod:`.reach`): it is reached by probes, not chosen on the form's
+word. One exception: a new job's draw of its kind's curve is not capped, so
+that new jobs, which must start somewhere and pay no rescale to start there,
+are how a kind learns the shapes beyond what its jobs ran.
 
 At another global batch (adaptive jobs), the speed is scaled by the job's own
 fitted form, else the prior's (:meth:`SpeedModel.batch_ratio`).
@@ -50,7 +53,7 @@ from elasticps.sched.types import BatchSpeedFn, SpeedFn
 #: Probes offered to the policy, best first: it takes the first that fits.
 PROBES = 8
 #: A new job's draw of its kind's curve strays by this many of the curve's standard errors (x a normal deviate).
-DRAW_SPREAD = 0.5
+DRAW_SPREAD = 0.25
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,11 @@ def _own_else(model: SpeedModel, prior: SpeedModel, draw: str | None = None) -> 
     best, not all at the curve's best (Thompson sampling, with each shape
     drawn apart rather than the form's parameters drawn together: the best of
     many unsure shapes leans high): the kind's data then grow where its curve
-    is unsure. A shape out of reach stays capped. Once the job has run, the
-    curve itself judges it."""
+    is unsure. The draw is not capped where the kind measured nothing near
+    (else the kind's jobs never leave the shapes its first jobs ran, and a
+    form that misses a measured surface there is never corrected); the
+    spread is small, as the uncapped curve reaches far enough. Once the job
+    has run, the curve itself judges it, capped."""
     rep = prior.report_noise
     logs = [(n, math.log(v / g)) for p, w, v, n in model.seen_at_span() if (g := prior.pooled(p, w)) > 0 and v > 0]
     count = sum(n for n, _ in logs)
@@ -148,11 +154,10 @@ def _own_else(model: SpeedModel, prior: SpeedModel, draw: str | None = None) -> 
         return v
 
     # a shape far from all the job and its kind measured counts no faster than the fastest measured
-    prior_guess = capped(
-        curve,
-        near(frozenset(model.shapes | prior.shapes)),
-        max(scale * prior.best_pooled_measured(), model.best_seen),
-    )
+    # (but for a new job's draw: see above)
+    reach = near(frozenset(model.shapes | prior.shapes))
+    ceiling = max(scale * prior.best_pooled_measured(), model.best_seen)
+    prior_guess = curve if drawn else capped(curve, reach, ceiling)
 
     def speed(p: int, w: int) -> float:
         guess = prior_guess(p, w)
