@@ -22,6 +22,7 @@ args: {{epochs: 80}}
 """
 
 
+@pytest.mark.slow  # 64 s: three jobs run to their end through the manager's loop
 def test_jobs_are_started_observed_resized_and_finished(ray_local, tmp_path):
     store = Store(tmp_path / "m.db")
     manager = Manager(store, tmp_path / "work", report_interval_s=0.5)
