@@ -153,11 +153,10 @@ def _own_else(model: SpeedModel, prior: SpeedModel, draw: str | None = None) -> 
             v *= math.exp(DRAW_SPREAD * min(prior.pooled_sd(p, w), MAX_RELATIVE_STD) * _deviate(draw, p, w))
         return v
 
-    # a shape far from all the job and its kind measured counts no faster than the fastest measured
-    # (but for a new job's draw: see above)
-    reach = near(frozenset(model.shapes | prior.shapes))
-    ceiling = max(scale * prior.best_pooled_measured(), model.best_seen)
-    prior_guess = curve if drawn else capped(curve, reach, ceiling)
+    prior_guess = curve  # a new job's draw is not capped (see above)
+    if not drawn:  # a shape far from all the job and its kind measured counts no faster than the fastest measured
+        ceiling = max(scale * prior.best_pooled_measured(), model.best_seen)
+        prior_guess = capped(curve, near(frozenset(model.shapes | prior.shapes)), ceiling)
 
     def speed(p: int, w: int) -> float:
         guess = prior_guess(p, w)
