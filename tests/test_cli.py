@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -83,7 +84,7 @@ def test_a_port_in_use_is_refused_in_one_line_before_ray_starts(tmp_path):
     assert not (tmp_path / "state").exists()  # no workdir, no token files left for a server that never ran
 
 
-def test_a_ray_address_malformed_or_with_nothing_there_is_refused_at_once(tmp_path):
+def test_a_ray_address_malformed_or_with_nothing_there_is_refused_with_why(tmp_path):
     import socket
 
     from elasticps.raycluster import check_address
@@ -95,8 +96,9 @@ def test_a_ray_address_malformed_or_with_nothing_there_is_refused_at_once(tmp_pa
             gcs.bind(("127.0.0.1", 0))
             gcs.listen(1)
             check_address(f"127.0.0.1:{gcs.getsockname()[1]}")  # something listens: left to Ray
-        with pytest.raises(ConfigError, match=rf"cannot reach a Ray cluster at 127.0.0.1:{closed}: Connection refused"):
-            check_address(f"127.0.0.1:{closed}")
+        refused = rf"cannot reach a Ray cluster at 127.0.0.1:{closed}: Connection refused \(tried for 1 s\)"
+        with pytest.raises(ConfigError, match=refused):
+            check_address(f"127.0.0.1:{closed}", refused_wait_s=1.0)
         for bad in ("bogus", "host:", ":6379", "host:0", "host:65536", "host:port"):
             with pytest.raises(ConfigError, match="expected HOST:PORT"):
                 check_address(bad)
@@ -113,9 +115,29 @@ def test_a_ray_address_malformed_or_with_nothing_there_is_refused_at_once(tmp_pa
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert server.returncode == 2 and not (tmp_path / "state").exists()
-    assert server.stderr.strip() == f"error: cannot reach a Ray cluster at 127.0.0.1:{closed}: Connection refused"
+    assert server.stderr.strip() == (
+        f"error: cannot reach a Ray cluster at 127.0.0.1:{closed}: Connection refused (tried for 10 s)"
+    )
     assert train.returncode == 2 and "Traceback" not in train.stderr
     assert train.stderr.strip() == "error: Ray address 'bogus': expected HOST:PORT (a Ray cluster's GCS), auto or local"
+
+
+def test_a_ray_head_that_starts_listening_within_the_wait_is_not_refused():
+    import socket
+    import time
+
+    from elasticps.raycluster import check_address
+
+    with socket.socket() as gcs:
+        gcs.bind(("127.0.0.1", 0))  # bound, not listening yet: refused, as a head still starting
+        listen_at = time.monotonic() + 1.5
+        timer = threading.Timer(1.5, gcs.listen, args=(1,))
+        timer.start()
+        try:
+            check_address(f"127.0.0.1:{gcs.getsockname()[1]}", refused_wait_s=10.0)
+            assert time.monotonic() >= listen_at  # it waited for the listener, and no longer than that
+        finally:
+            timer.cancel()
 
 
 @pytest.mark.slow
@@ -291,6 +313,9 @@ def test_an_export_behind_the_steps_its_job_reached_says_so(tmp_path, capsys):
     store.transition("j", "running", time.time())
     store.transition("j", "failed", time.time())
     store.close()
+    aside = job_dir(tmp_path, "j") / "checkpoints" / "ckpt-0000000004.npz.corrupt"  # a damaged one set aside
+    aside.parent.mkdir(parents=True)
+    aside.write_bytes(b"not a checkpoint")
     assert main(["export", "j", "--workdir", str(tmp_path), "--out", str(tmp_path / "m.pt")]) == 2
     assert capsys.readouterr().err == "error: job 'j' (failed) has no checkpoint: it saved none before it ended\n"
     params = flat_params(digits.mlp()).astype(np.float32)
