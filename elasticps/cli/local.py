@@ -52,12 +52,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         spec = record.spec
         from elasticps.manager.pinning import CODE_DIR, unpacked
         from elasticps.manager.workdir import job_dir
+        from elasticps.runtime.checkpoint import checkpoint_files
 
         if spec.runtime_env:  # shipped code: the job's as pinned at submit
             code_paths = unpacked(spec.runtime_env, job_dir(workdir, args.name) / CODE_DIR, unpacked_dir.name)
         program, program_args = spec.program, dict(spec.args)
         directory = job_dir(workdir, args.name) / "checkpoints"
-        if not any(directory.glob("ckpt-*")):  # said of the job, not of a folder the user never named
+        if not checkpoint_files(directory):  # said of the job, not of a folder the user never named
             from elasticps.manager.states import JobState
 
             when = "before it ended" if JobState(record.state).ended else "yet"

@@ -36,6 +36,14 @@ Layout = list[tuple[str, list[int]]]
 _DAMAGED = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
 
 
+def checkpoint_files(directory: Path) -> list[Path]:
+    """The checkpoint files in ``directory``, oldest first (none if it is not there);
+    a half-written or damaged one set aside has another name."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     step: int
@@ -97,7 +105,7 @@ class CheckpointStore:
         return final
 
     def _all(self) -> list[Path]:
-        return sorted(p for p in self.dir.iterdir() if _NAME.match(p.name))
+        return checkpoint_files(self.dir)
 
     def latest(self) -> Checkpoint | None:
         """The newest checkpoint that reads back whole. A damaged newer file is
