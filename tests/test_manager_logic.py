@@ -887,3 +887,21 @@ def test_a_jobs_shape_history_stops_while_it_is_cancelled_and_goes_on_at_its_ret
     detail = job_detail(manager, "h")
     held = [ln for ln in describe_text(detail, detail["spec"]).splitlines() if " for " in ln]
     assert len(held) == 2 and held[0].endswith(f"1 PS x 1 worker  for {int(cancelled_at - first[0])}s"), held
+
+
+def test_a_rescale_asked_of_a_job_whose_driver_is_then_lost_is_said_dropped(env):
+    manager, runtime, _ = env
+    submit(manager, "d")
+    asked: list[str] = []
+    for _ in range(12):
+        manager.step()
+        asked = [m for *_, k, m in manager.store.events("d") if k == "rescale"]
+        if asked:
+            break
+    assert asked, "the job was never asked to rescale"
+    shape = asked[-1].removeprefix("rescale to ").partition(":")[0]  # "rescale to 2 PS x 3 workers: why ..."
+    runtime.latest("d").lose_driver("the job's driver process is gone: node died")
+    manager.step()
+    lines = [m for *_, k, m in manager.store.events("d")]
+    dropped = f"the rescale to {shape} was dropped: the job's driver is gone"
+    assert dropped in lines and lines.index(dropped) < next(i for i, m in enumerate(lines) if "node died" in m)

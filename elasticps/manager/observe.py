@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from elasticps.errors import ElasticPSError, ProgramError, one_line
 from elasticps.manager.isolation import window_problem
-from elasticps.manager.live import JobTable
+from elasticps.manager.live import JobTable, LiveJob
 from elasticps.manager.metrics import ManagerMetrics
 from elasticps.manager.rescale_costs import RescaleCosts
 from elasticps.manager.runtime import JobStatus
 from elasticps.manager.states import JobState
 from elasticps.manager.store import Rescale, Store
+from elasticps.tables import shape_text
 
 #: Said of a job failed for good by its program's own error.
 OWN_ERROR = "not started again: its code would meet the same error"
@@ -53,6 +54,7 @@ class Observer:
                 news = True
                 continue
             except ElasticPSError as exc:  # the job's driver is gone: nothing of it runs any more
+                self._drop_unapplied(name, live, now)
                 jobs.stopped_by_failure(name, live, now, str(exc))
                 news = True
                 continue
@@ -104,6 +106,14 @@ class Observer:
                     jobs.release(name, live)
                 news = True  # its room is free
         return news
+
+    def _drop_unapplied(self, name: str, live: LiveJob, now: float) -> None:
+        """The job's driver is gone with a rescale asked and not applied (the shape
+        it last ran is not the one asked): the job's log says it was dropped, as
+        the driver itself says of a job that ended first (it cannot, gone)."""
+        if live.applied is not None and live.applied[:2] != live.asked:
+            shape = shape_text(*live.asked)
+            self.store.add_event(now, name, "rescale", f"the rescale to {shape} was dropped: the job's driver is gone")
 
     def _count_rescales(self, name: str, st: JobStatus, now: float) -> None:
         """Store the poll's new rescale records; feed the metrics and what rescales cost here."""
