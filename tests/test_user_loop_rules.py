@@ -14,7 +14,7 @@ import torch
 import elasticps.torch as ept
 from elasticps import ProgramError, load_program
 from elasticps.examples.digits import train_set
-from elasticps.loop import api
+from elasticps.loop import api, rules
 from elasticps.loop.local import LocalSession
 from elasticps.loop.worker_session import RELEASE, StepMessage, WorkerSession
 from elasticps.runtime.data import DataPosition, GlobalBatches
@@ -366,3 +366,62 @@ def test_checking_the_rules_alone_changes_nothing_the_loop_computes(recwarn):
         plain, checked = loop(False), loop(True)
     assert torch.equal(plain, checked)
     assert not [w for w in recwarn if "lr_scheduler" in str(w.message)]
+
+
+def _loss_step(loss_of):
+    def body(model, opt, x, y):
+        opt.zero_grad()
+        loss_of(model, x, y).backward()
+        opt.step()
+
+    return body
+
+
+F = torch.nn.functional
+SUMMED = {
+    "cross_entropy sum": lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum"),
+    "none then sum": lambda m, x, y: F.cross_entropy(m(x), y, reduction="none").sum(),
+    "mse sum": lambda m, x, y: F.mse_loss(m(x), F.one_hot(y, 10).float(), reduction="sum"),
+    "sum under bf16 autocast": lambda m, x, y: F.cross_entropy(m(x).bfloat16(), y, reduction="sum").float(),
+    "a mean plus a sum": lambda m, x, y: F.cross_entropy(m(x), y) + F.nll_loss(m(x).log_softmax(1), y, reduction="sum"),
+}
+MEANS = {
+    "the default mean": lambda m, x, y: F.cross_entropy(m(x), y),
+    "a sum divided by the batch": lambda m, x, y: F.cross_entropy(m(x), y, reduction="sum") / len(x),
+    "a mean plus an L2 penalty's sum": lambda m, x, y: (
+        F.cross_entropy(m(x), y) + 1e-4 * sum(p.pow(2).sum() for p in m.parameters())
+    ),
+}
+
+
+@pytest.mark.parametrize("loss", list(SUMMED), ids=list(SUMMED))
+def test_a_loss_summed_over_the_batch_fails_at_the_first_step_in_a_job_and_alone(loss):
+    original = torch.autograd.backward
+    loop = make_loop(body=_loss_step(SUMMED[loss]))
+    with pytest.raises(ProgramError, match="sum over the batch") as in_a_job:
+        drive(loop)
+    with pytest.raises(ProgramError) as alone:
+        run_alone(loop)
+    assert str(alone.value) == str(in_a_job.value) and "reduction='mean'" in str(alone.value)
+    assert torch.autograd.backward is original  # the watch let go of torch's backward
+
+
+@pytest.mark.parametrize("loss", list(MEANS), ids=list(MEANS))
+def test_a_mean_loss_or_a_sum_divided_by_the_batch_trains(loss):
+    original = torch.autograd.backward
+    stats = drive(make_loop(body=_loss_step(MEANS[loss])), steps=5)
+    assert len(stats) == 5
+    run_alone(make_loop(body=_loss_step(MEANS[loss])))
+    assert torch.autograd.backward is original
+
+
+def test_a_summed_loss_after_the_watched_steps_or_outside_a_loop_is_not_judged():
+    F.cross_entropy(torch.randn(4, 3, requires_grad=True), torch.tensor([0, 1, 2, 0]), reduction="sum").backward()
+    watch = rules.LossWatch()
+    watch.start()
+    try:
+        for _ in range(rules.CHECKED_STEPS):
+            F.cross_entropy(torch.randn(4, 3, requires_grad=True), torch.tensor([0, 1, 2, 0])).backward()
+        F.cross_entropy(torch.randn(4, 3, requires_grad=True), torch.tensor([0, 1, 2, 0]), reduction="sum").backward()
+    finally:
+        watch.stop()

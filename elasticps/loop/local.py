@@ -22,6 +22,7 @@ from elasticps.loop.embedding import tables_of
 from elasticps.loop.program import LoopProgram, OptimizerLayout
 from elasticps.loop.rows import Tables
 from elasticps.loop.rules import (
+    LossWatch,
     ParamsWatch,
     check_step,
     check_stepped,
@@ -54,6 +55,7 @@ class LocalStep:
         self.params = [p for p in model.parameters() if p.requires_grad and id(p) not in skip]
         self.norms = norm_layers(model)
         self.watch = ParamsWatch()
+        self.losses = LossWatch()  # the loss is not a sum over the batch (first backward() calls)
         self.bound: list[torch.Tensor] | None = None  # the parameters as the prepared optimizer left them
         self.active = False  # inside epochs(n): the loop is what a job would run
         self.batch_open = False  # a batch was handed out and not stepped yet
@@ -138,6 +140,7 @@ class LocalSession:
         self.rules = rules
         if rules is not None:
             rules.active = True
+            rules.losses.start()
         try:
             for e in range(n):
                 self.epoch = e
@@ -148,6 +151,7 @@ class LocalSession:
             self.epoch = None
             if rules is not None:
                 rules.active = False
+                rules.losses.stop()
             if self.rules is rules:
                 self.rules = None
 

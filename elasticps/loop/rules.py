@@ -10,6 +10,8 @@ comes in as ``changed``.
 
 from __future__ import annotations
 
+import functools
+import threading
 import types
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -120,3 +122,97 @@ class ParamsWatch:
                 "parameters, so such a change would be lost; step the optimizer prepare() returned, and "
                 "change parameters only through it"
             )
+
+
+#: Autograd nodes a loss passes through unchanged on its way to ``backward()``:
+#: a cast (autocast's), a copy, a sum of losses (each one looked at).
+_THROUGH = {"ToCopyBackward0", "CloneBackward0", "AddBackward0"}
+_SUM = 2  # the ``_saved_reduction`` of a loss node reduced by 'sum' (torch's Reduction enum; 0 none, 1 mean)
+
+
+def summed_over_batch(node: Any, depth: int = 0) -> str | None:
+    """How the loss whose autograd node is ``node`` sums over its batch, if it
+    visibly does: a torch loss with ``reduction='sum'``, or one with
+    ``reduction='none'`` then ``.sum()``. None where it does not, or where the
+    graph does not tell (a sum scaled or divided afterwards, say by the batch's
+    size, is taken for what the loop means)."""
+    if node is None or depth > 8:
+        return None
+    name = type(node).__name__
+    if getattr(node, "_saved_reduction", None) == _SUM:
+        return f"{name.removesuffix('Backward0')} with reduction='sum'"
+    children = [child for child, _ in node.next_functions if child is not None]
+    if name == "SumBackward0" and children and getattr(children[0], "_saved_reduction", None) == 0:
+        return f"{type(children[0]).__name__.removesuffix('Backward0')} with reduction='none', then .sum()"
+    if name in _THROUGH:
+        return next((found for c in children if (found := summed_over_batch(c, depth + 1))), None)
+    return None
+
+
+class LossWatch:
+    """On a loop's first ``CHECKED_STEPS`` calls of ``backward()`` (from the
+    thread that started the watch): the loss is not a sum over the batch. A
+    job's workers each compute the loss of their share of the batch and their
+    gradients are weighed as means (b_w / M), so a summed loss would train at
+    a learning rate that changes with the number of workers.
+
+    Watching wraps ``torch.autograd.backward`` (what ``Tensor.backward`` calls)
+    while any watch is on; the wrapper only reads the loss's autograd node."""
+
+    def __init__(self) -> None:
+        self.checks_left = CHECKED_STEPS
+        self.thread: int | None = None
+
+    def start(self) -> None:
+        self.thread = threading.get_ident()
+        with _lock:
+            if self not in _watches:
+                _watches.append(self)
+            if len(_watches) == 1:
+                _wrap_backward()
+
+    def stop(self) -> None:
+        with _lock:
+            if self in _watches:
+                _watches.remove(self)
+            if not _watches:
+                _unwrap_backward()
+
+    def see(self, tensors: Any) -> None:
+        if self.thread != threading.get_ident():
+            return
+        self.checks_left -= 1
+        if self.checks_left <= 0:
+            self.stop()
+        for loss in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
+            how = summed_over_batch(getattr(loss, "grad_fn", None))
+            if how is not None:
+                raise ProgramError(
+                    f"the loss is a sum over the batch ({how}): a job's workers weigh the gradients of their "
+                    "shares of the batch as means, so a summed loss would train at a learning rate that "
+                    "changes with the number of workers; use reduction='mean' (torch's default), or divide "
+                    "the sum by the batch's size"
+                )
+
+
+_lock = threading.Lock()
+_watches: list[LossWatch] = []
+_unwrapped: list[Callable[..., Any]] = []  # torch.autograd.backward while it is wrapped
+
+
+def _wrap_backward() -> None:
+    original = torch.autograd.backward
+
+    @functools.wraps(original)
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        for watch in list(_watches):
+            watch.see(tensors)
+        return original(tensors, *args, **kwargs)
+
+    _unwrapped.append(original)
+    torch.autograd.backward = backward
+
+
+def _unwrap_backward() -> None:
+    if _unwrapped:
+        torch.autograd.backward = _unwrapped.pop()

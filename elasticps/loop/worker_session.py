@@ -120,6 +120,7 @@ class WorkerSession:
         self.norm_layers: list[torch.nn.Module] = []
         self.bound: tuple[list[np.ndarray], list[tuple[int, int]]] | None = None
         self.watch = rules.ParamsWatch()  # only the prepared optimizer changes the parameters (first steps)
+        self.losses = rules.LossWatch()  # the loss is not a sum over the batch (first backward() calls)
         self.rows: RowClient | None = None
         self.rng_points = 0  # rng_point() calls so far
         self.row_grads: list[tuple[int, np.ndarray, np.ndarray]] = []  # the last step's, for the push
@@ -175,16 +176,20 @@ class WorkerSession:
     def epochs(self, n: int) -> Iterator[int]:
         if n != self.program.epochs:
             raise ProgramError(f"epochs({n}) here, epochs({self.program.epochs}) in the describe run")
-        while True:
-            if self.next_epoch is UNKNOWN:
-                self._receive(self._wait(boundary=True))
-            if self.next_epoch is None or self.next_epoch >= n:
-                self.epoch = None
-                return
-            if self.next_epoch == self.epoch:
-                raise rules.epoch_cut_short(self.epoch)
-            self.epoch = self.next_epoch
-            yield self.epoch
+        self.losses.start()
+        try:
+            while True:
+                if self.next_epoch is UNKNOWN:
+                    self._receive(self._wait(boundary=True))
+                if self.next_epoch is None or self.next_epoch >= n:
+                    self.epoch = None
+                    return
+                if self.next_epoch == self.epoch:
+                    raise rules.epoch_cut_short(self.epoch)
+                self.epoch = self.next_epoch
+                yield self.epoch
+        finally:
+            self.losses.stop()
 
     def iterate(self, loader: DataLoader) -> Iterator[Any]:
         if self.epoch is None:
