@@ -32,6 +32,22 @@ def test_a_good_spec_parses_with_defaults():
         parse_spec('{"name": "j", "program": "m:p", "args": {}, "args": {"epochs": 2}}', fmt="json")
 
 
+def test_a_ps_block_given_in_part_keeps_the_ps_defaults_for_the_rest():
+    from elasticps.manager.spec import PS_DEFAULTS
+
+    base = "name: j\nprogram: m:p\n"
+    none = parse_spec(base).ps
+    assert (none.min, none.max, none.cpu) == (PS_DEFAULTS["min"], PS_DEFAULTS["max"], PS_DEFAULTS["cpu"])
+    part = parse_spec(base + "ps: {min: 1, max: 2}\n").ps
+    assert (part.max, part.cpu) == (2, PS_DEFAULTS["cpu"])  # the PS's cpu, not a worker's 1.0
+    assert parse_spec(base + "ps: {cpu: 2}\n").ps.max == PS_DEFAULTS["max"]
+    assert parse_spec(base + "ps: {min: 6}\n").ps.max == 6  # a min above the default max raises it
+    with pytest.raises(ConfigError, match=r"min \(3\) must be <= max \(2\)"):
+        parse_spec(base + "ps: {min: 3, max: 2}\n")
+    with pytest.raises(ConfigError, match="ps"):
+        parse_spec(base + "ps: {mx: 2}\n")  # an unknown key is still refused
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -6,7 +6,7 @@ program: elasticps.examples.digits:program   # a TrainingProgram or a factory of
 args: {epochs: 30}                           # optional: keyword arguments of the factory
 mode: sync                                   # or async
 ps:      {min: 1, max: 4, cpu: 0.5, memory_gb: 1}
-workers: {min: 1, max: 8, cpu: 1, memory_gb: 2}
+workers: {min: 1, max: 8, cpu: 1, memory_gb: 2}  # a key left out of ps or workers takes that kind's default
 objective: goodput                           # optional: goodput | speed | efficiency
 checkpoint_every_steps: 100                  # optional: steps between checkpoints (0: at epochs' ends only)
 step_timeout_s: 1800                         # optional: a step slower than this is taken for hung (default 600)
@@ -68,6 +68,10 @@ ArgValue = (
 )
 
 
+#: What a job's PS shards are given where its spec does not say (a shard is lighter than a worker).
+PS_DEFAULTS: dict[str, Any] = {"min": 1, "max": 4, "cpu": 0.5}
+
+
 class TaskSpec(BaseModel):
     """How many tasks of one kind, and what each asks for."""
 
@@ -118,7 +122,7 @@ class JobSpec(BaseModel):
     program: str = Field(description="'package.module:attr' naming a TrainingProgram or a factory of one")
     args: dict[str, ArgValue] = Field(default_factory=dict, description="keyword arguments of the factory")
     mode: Literal["sync", "async"] = "sync"
-    ps: TaskSpec = Field(default_factory=lambda: TaskSpec(min=1, max=4, cpu=0.5))
+    ps: TaskSpec = Field(default_factory=lambda: TaskSpec(**PS_DEFAULTS))
     workers: TaskSpec = Field(default_factory=lambda: TaskSpec(min=1, max=8, cpu=1.0))
     objective: Literal["goodput", "speed", "efficiency"] | None = None
     checkpoint_every_steps: int = Field(100, ge=0, le=10**9)
@@ -163,6 +167,19 @@ class JobSpec(BaseModel):
             if not key.isidentifier():
                 raise ValueError(f"{key[:40]!r} is not a keyword argument name")
         return v
+
+    @field_validator("ps", mode="before")
+    @classmethod
+    def _ps_defaults(cls, v: Any) -> Any:
+        """A ``ps`` block's keys left out take the PS defaults (:data:`PS_DEFAULTS`),
+        as a spec without the block does, not a worker's; a ``min`` above the
+        default ``max`` raises ``max`` to it."""
+        if not isinstance(v, dict):
+            return v
+        filled = {**PS_DEFAULTS, **v}
+        if "max" not in v and isinstance(v.get("min"), int) and v["min"] > PS_DEFAULTS["max"]:
+            filled["max"] = v["min"]
+        return filled
 
     @field_validator("ps", "workers")
     @classmethod
