@@ -35,6 +35,20 @@ def test_each_move_is_named_with_its_cause():
     assert moves["never"].text == "cannot fit: a worker needs 64 CPU" and moves["never"].shape is None
 
 
+def test_a_shape_the_users_new_limits_leave_out_is_moved_for_them_not_as_a_probe():
+    cluster = make_cluster(n=1, cpu=8.0)
+    jobs = [
+        make_job("cut", current=(1, 3), max_workers=2, probes=((1, 2),)),  # `scale cut --workers 1..2` at 1x3
+        make_job("raised", current=(1, 1), min_workers=2),  # `scale raised --workers 2..8` at 1x1
+    ]
+    moves = explain(jobs, {"cut": (1, 2), "raised": (1, 2)}, {"cut": (1, 2), "raised": (1, 2)}, {}, cluster)
+    assert (moves["cut"].action, moves["cut"].why) == ("shrink", "new limits")
+    assert moves["cut"].text == (
+        "new limits 1 PS x 3 workers -> 1 PS x 2 workers: 1 PS x 3 workers is outside PS 1..8, workers 1..2"
+    )
+    assert (moves["raised"].action, moves["raised"].why) == ("grow", "new limits")
+
+
 def test_a_kept_shape_and_one_placement_could_not_fit():
     cluster = make_cluster(n=2, cpu=4.0)
     jobs = [make_job("a", current=(1, 2)), make_job("b", current=(1, 1))]

@@ -91,6 +91,10 @@ def _move(
             )
         return Move(view.id, "keep", cur, "keep", f"keeps {_shape(cur)}")
     to = f"{_shape(cur)} -> {_shape(given)}"
+    if not (view.min_ps <= cur[0] <= view.max_ps and view.min_workers <= cur[1] <= view.max_workers):
+        action = "grow" if _tasks(given) > _tasks(cur) else "shrink" if _tasks(given) < _tasks(cur) else "reshape"
+        limits = f"PS {view.min_ps}..{view.max_ps}, workers {view.min_workers}..{view.max_workers}"
+        return Move(view.id, action, given, "new limits", f"new limits {to}: {_shape(cur)} is outside {limits}")
     if given in (view.explore, *view.probes):
         return Move(view.id, "probe", given, "probe", f"probe {to}: measuring a shape its speed model is unsure of")
     if _tasks(given) > _tasks(cur):
