@@ -905,3 +905,17 @@ def test_a_rescale_asked_of_a_job_whose_driver_is_then_lost_is_said_dropped(env)
     lines = [m for *_, k, m in manager.store.events("d")]
     dropped = f"the rescale to {shape} was dropped: the job's driver is gone"
     assert dropped in lines and lines.index(dropped) < next(i for i, m in enumerate(lines) if "node died" in m)
+
+
+def test_the_progress_kept_of_a_cancelled_job_is_where_it_stopped_not_its_last_poll(env):
+    manager, runtime, _ = env
+    submit(manager, "c")
+    for _ in range(3):
+        manager.step()
+    polled = manager.store.progress("c")["step"]
+    runtime.latest("c").step += 7  # steps trained after the last poll, before the cancel stops it
+    manager.cancel("c")
+    manager.step()  # the round drains the cancelled job: stopped, its final report read
+    kept = manager.store.progress("c")
+    assert kept["step"] == polled + 7 == runtime.latest("c").step
+    assert kept["epoch"] == runtime.latest("c").report().epoch

@@ -194,6 +194,9 @@ class JobTable:
                     self.ended[name] = report
                     while len(self.ended) > self._max_ended:
                         self.ended.popitem(last=False)
+                    kept = self.store.progress(name) or {}
+                    if report.step > kept.get("step", -1):  # steps since the last poll: what its checkpoint holds
+                        self.store.set_progress(name, {**kept, "step": report.step, "epoch": report.epoch})
             live.handle.close()
             with lock:
                 self._closing = [(n, x) for n, x in self._closing if x is not live]
