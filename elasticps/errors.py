@@ -33,6 +33,17 @@ class UserCodeError(JobFailedError):
     """The program's own code raised in a task (no task or node was lost)."""
 
 
+class TrainingFunctionError(Exception):
+    """A user's loop raised, in a worker: what it raised, as text (it crosses
+    processes; :func:`loop_error_text`). ``rule_broken``: it was, or was raised
+    from or while handling, a :class:`ProgramError` (a rule of
+    ``elasticps.torch`` broken): the same code breaks it again after any restart."""
+
+    def __init__(self, text: str, rule_broken: bool = False) -> None:
+        super().__init__(text)
+        self.rule_broken = rule_broken
+
+
 class UnschedulableError(ConfigError):
     """The job can never run on this cluster (a task larger than every node,
     or a minimum shape larger than all nodes together)."""
@@ -81,3 +92,32 @@ def one_line(text: str, width: int = 400) -> str:
     if len(lines) > 1 and lines[-1] not in out:
         out = f"{out} ... {lines[-1]}"
     return out if len(out) <= width else out[: width - 3] + "..."
+
+
+def loop_error_text(exc: BaseException) -> str:
+    """What a user's loop raised, as its job says it: where a rule of
+    ``elasticps.torch`` was broken (:func:`broke_a_rule`), the rule's text and
+    the line of the user's code that broke it, on one line (the frames of
+    elasticps and torch between them say nothing the user can change); else the
+    traceback without elasticps's own frames (the worker's thread, its hooks
+    around ``backward()`` and the like)."""
+    import os
+    import sys
+    import traceback
+
+    ours = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    torch = sys.modules.get("torch")
+    framework = (ours, os.path.dirname(torch.__file__) + os.sep) if torch is not None and torch.__file__ else (ours,)
+    rule = next((e for e in error_chain(exc) if isinstance(e, ProgramError)), None)
+    if rule is not None:
+        frames = [f for f in traceback.extract_tb(rule.__traceback__) if not f.filename.startswith(framework)]
+        if not frames:
+            return f"{type(rule).__name__}: {rule}"
+        last, here = frames[-1], os.getcwd() + os.sep
+        path = last.filename.removeprefix(here)  # code shipped with the job runs from its unpacked folder
+        return f"{type(rule).__name__}: {rule} (at {path}:{last.lineno}, in {last.name}: {last.line})"
+    lines: list[str] = []
+    for part in traceback.TracebackException.from_exception(exc).format():
+        if not part.lstrip().startswith(f'File "{ours}'):
+            lines.append(part)
+    return "".join(lines)

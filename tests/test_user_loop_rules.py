@@ -425,3 +425,28 @@ def test_a_summed_loss_after_the_watched_steps_or_outside_a_loop_is_not_judged()
         F.cross_entropy(torch.randn(4, 3, requires_grad=True), torch.tensor([0, 1, 2, 0]), reduction="sum").backward()
     finally:
         watch.stop()
+
+
+def test_a_broken_rule_is_told_in_one_line_at_the_users_line_and_an_own_error_without_our_frames():
+    from elasticps.errors import loop_error_text
+
+    with pytest.raises(ProgramError) as broken:
+        run_alone(make_loop(body=_loss_step(SUMMED["cross_entropy sum"])))
+    text = loop_error_text(broken.value)
+    assert "\n" not in text and text.startswith("ProgramError: the loss is a sum over the batch (cross_entropy")
+    assert text.endswith(", in body: loss_of(model, x, y).backward())")  # the user's line, not torch's nor ours
+    assert "(at tests/test_user_loop_rules.py:" in text  # relative to the folder the loop runs in
+
+    class Broken(torch.utils.data.Dataset):  # the user's own error, raised under elasticps's DataLoader
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {}["missing"]
+
+    with pytest.raises(KeyError) as own:
+        run_alone(make_loop(body=plain_step, dataset=Broken()))
+    trace = loop_error_text(own.value)
+    assert trace.startswith("Traceback") and trace.rstrip().endswith("KeyError: 'missing'")
+    assert 'in __getitem__\n    return {}["missing"]' in trace and "elasticps/loop" not in trace
+    assert "elasticps/loop" in "".join(__import__("traceback").format_exception(own.value))  # there were some

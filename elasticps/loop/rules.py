@@ -128,6 +128,20 @@ class ParamsWatch:
 #: a cast (autocast's), a copy, a sum of losses (each one looked at).
 _THROUGH = {"ToCopyBackward0", "CloneBackward0", "AddBackward0"}
 _SUM = 2  # the ``_saved_reduction`` of a loss node reduced by 'sum' (torch's Reduction enum; 0 none, 1 mean)
+#: The torch functions behind the loss nodes a user is likeliest to meet (else the node's own name).
+_LOSSES = {
+    "NllLoss": "cross_entropy or nll_loss",
+    "MseLoss": "mse_loss",
+    "BinaryCrossEntropyWithLogits": "binary_cross_entropy_with_logits",
+    "BinaryCrossEntropy": "binary_cross_entropy",
+    "SmoothL1Loss": "smooth_l1_loss",
+    "HuberLoss": "huber_loss",
+}
+
+
+def _loss_name(node: Any) -> str:
+    name = type(node).__name__.removesuffix("Backward0")
+    return _LOSSES.get(name, name)
 
 
 def summed_over_batch(node: Any, depth: int = 0) -> str | None:
@@ -140,10 +154,10 @@ def summed_over_batch(node: Any, depth: int = 0) -> str | None:
         return None
     name = type(node).__name__
     if getattr(node, "_saved_reduction", None) == _SUM:
-        return f"{name.removesuffix('Backward0')} with reduction='sum'"
+        return f"{_loss_name(node)} with reduction='sum'"
     children = [child for child, _ in node.next_functions if child is not None]
     if name == "SumBackward0" and children and getattr(children[0], "_saved_reduction", None) == 0:
-        return f"{type(children[0]).__name__.removesuffix('Backward0')} with reduction='none', then .sum()"
+        return f"{_loss_name(children[0])} with reduction='none', then .sum()"
     if name in _THROUGH:
         return next((found for c in children if (found := summed_over_batch(c, depth + 1))), None)
     return None
@@ -188,10 +202,9 @@ class LossWatch:
             how = summed_over_batch(getattr(loss, "grad_fn", None))
             if how is not None:
                 raise ProgramError(
-                    f"the loss is a sum over the batch ({how}): a job's workers weigh the gradients of their "
-                    "shares of the batch as means, so a summed loss would train at a learning rate that "
-                    "changes with the number of workers; use reduction='mean' (torch's default), or divide "
-                    "the sum by the batch's size"
+                    f"the loss is a sum over the batch ({how}): split among workers, it would train at a "
+                    "learning rate that changes with their number; use reduction='mean' (torch's default) "
+                    "or divide the sum by the batch's size"
                 )
 
 

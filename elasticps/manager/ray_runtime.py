@@ -33,6 +33,7 @@ from elasticps.errors import (
     ElasticPSError,
     JobFailedError,
     ProgramError,
+    TrainingFunctionError,
     UserCodeError,
     broke_a_rule,
     error_chain,
@@ -126,9 +127,14 @@ class JobDriver:
                 c.flush_output()
 
     def _failed(self, exc: BaseException, fatal: bool) -> None:
-        """Keep the error as plain text, and print its whole traceback into the job's output."""
+        """Keep the error as plain text, and print it into the job's output: a user's
+        loop's error as its worker said it (its own traceback, or the rule it broke
+        and where), else the whole traceback."""
         self.failure, self.fatal = error_record(exc), fatal
-        traceback.print_exception(exc, file=sys.stderr)
+        if any(isinstance(getattr(e, "cause", None), TrainingFunctionError) for e in error_chain(exc)):
+            print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        else:
+            traceback.print_exception(exc, file=sys.stderr)
         sys.stderr.flush()
 
     def write_output(self, lines: list[str]) -> None:

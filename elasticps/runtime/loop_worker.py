@@ -14,14 +14,13 @@ import os
 import queue
 import threading
 import time
-import traceback
 from typing import Any
 
 import numpy as np
 import ray
 import torch
 
-from elasticps.errors import ProgramError, broke_a_rule
+from elasticps.errors import ProgramError, TrainingFunctionError, broke_a_rule, loop_error_text
 from elasticps.loop.api import set_session
 from elasticps.loop.program import LoopProgram
 from elasticps.loop.worker_session import RELEASE, ParamsMessage, Released, StepMessage, WorkerSession
@@ -33,17 +32,6 @@ from elasticps.runtime.worker_base import WorkerBase
 #: runs, and pings, snapshots and releases must still get through.
 MAX_CONCURRENCY = 4
 _ENDED = object()
-
-
-class TrainingFunctionError(Exception):
-    """The user's function raised: its traceback, as text (it crosses processes).
-    ``rule_broken``: what it raised was, or was raised from or while handling,
-    a :class:`ProgramError` (a rule of ``elasticps.torch`` broken): the same
-    code breaks it again after any restart."""
-
-    def __init__(self, text: str, rule_broken: bool = False) -> None:
-        super().__init__(text)
-        self.rule_broken = rule_broken
 
 
 def _install_loss_hook(session: WorkerSession) -> None:
@@ -117,7 +105,7 @@ class LoopWorker(WorkerBase):
         except Released:
             pass
         except BaseException as exc:  # the user's error: kept, and given to the step waiting for it
-            self.error = "".join(traceback.format_exception(exc))
+            self.error = loop_error_text(exc)
             self.rule_broken = broke_a_rule(exc)  # a ProgramError the loop wrapped in its own error too
             self.session.outbox.put(TrainingFunctionError(self.error, self.rule_broken))
             self.session.snapshots.put(TrainingFunctionError(self.error, self.rule_broken))

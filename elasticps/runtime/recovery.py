@@ -64,7 +64,7 @@ from typing import Literal, TypeVar
 
 import ray
 
-from elasticps.errors import JobFailedError, PlacementError, UserCodeError, error_text
+from elasticps.errors import JobFailedError, PlacementError, TrainingFunctionError, UserCodeError, error_text
 from elasticps.runtime import tasks
 from elasticps.runtime.bounded_get import hung_in, waited_on
 from elasticps.runtime.checkpoint import Checkpoint, Checkpoints
@@ -315,7 +315,8 @@ class Recovery:
             self._restore_ps(torn_why, source)
         if plan.user_code and not ran_out:  # nothing died and no wait ran out: the program's code failed
             cause = getattr(exc, "cause", None) or exc
-            raise UserCodeError(f"{during} failed in user code: {type(cause).__name__}: {cause}") from exc
+            what = cause if isinstance(cause, TrainingFunctionError) else f"{type(cause).__name__}: {cause}"
+            raise UserCodeError(f"{during} failed in user code: {what}") from exc
         if dead_workers:
             left = len(group.workers) - len(dead_workers)
             self._event(f"{len(dead_workers)} worker(s) died; " + (f"continuing with {left}" if left else "none left"))
