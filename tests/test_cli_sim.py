@@ -98,8 +98,11 @@ def test_gpu_jobs_without_gpu_nodes_say_which_option_is_missing(capsys):
 def test_an_option_no_policy_of_the_run_takes_is_refused(capsys):
     cases = [
         (["--policy", "static", "--joint-trades", "4"], "--joint-trades: no policy run here (static) takes it"),
-        (["--compare", "static,greedy", "--efficiency-threshold", "0.5"], "run here (static, greedy) takes it"),
-        (["--policy", "tiresias", "--objective", "speed"], "(those that do: optimus, elastic)"),
+        (
+            ["--compare", "static,greedy", "--objective", "efficiency", "--efficiency-threshold", "0.5"],
+            "run here (static, greedy) takes it",
+        ),
+        (["--policy", "tiresias", "--objective", "speed"], "(those that do: optimus, elastic, kind-oracle, oracle)"),
         (["--policy", "pollux", "--objectives", "goodput,speed"], "--objectives: no policy run here (pollux)"),
     ]
     for extra, message in cases:
@@ -110,3 +113,21 @@ def test_an_option_no_policy_of_the_run_takes_is_refused(capsys):
     both = ["--compare", "static,oracle", "--joint-trades", "4"]
     assert main(["sim", "--jobs", "3", "--nodes", "2", "--quiet", *both]) == 0
     assert "oracle vs static" in capsys.readouterr().out
+
+
+def test_options_that_do_not_go_together_are_refused_not_ignored(tmp_path, capsys):
+    jobs = tmp_path / "jobs.csv"
+    jobs.write_text("id,arrival_s,kind,samples\nj1,0,resnet-like,1000\n")
+    cases = [
+        (["--policy", "oracle", "--compare", "static,elastic"], "--policy and --compare"),
+        (["--workload", str(jobs), "--jobs", "10"], "--jobs sizes a generated workload"),
+        (["--workload", str(jobs), "--adaptive-jobs", "0.5"], "--adaptive-jobs applies to the synthetic workload"),
+        (["--objective", "speed", "--efficiency-threshold", "0.5"], "is for the efficiency objective"),
+    ]
+    for extra, message in cases:
+        assert main(["sim", "--nodes", "2", "--quiet", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1, err
+    assert main(["sim", "--workload", str(jobs), "--nodes", "2", "--quiet", "--policy", "static"]) == 0
+    threshold = ["--objectives", "goodput,efficiency", "--efficiency-threshold", "0.6", "--jobs", "3"]
+    assert main(["sim", "--nodes", "2", "--quiet", *threshold]) == 0

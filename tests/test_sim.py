@@ -29,6 +29,14 @@ def test_workload_files_round_trip_and_bad_rows_are_named(tmp_path):
     (tmp_path / "bad2.csv").write_text("id,arrival_s,kind,samples,colour\na,0,mlp-small,1,red\n")
     with pytest.raises(ConfigError, match=r"row 1: unknown fields \['colour'\]"):
         load_workload(tmp_path / "bad2.csv")
+    # an all-reduce row's PS fields default to 0 (it has no PS), as the help says; given ones are still checked
+    (tmp_path / "ar.jsonl").write_text('{"id": "g", "arrival_s": 0, "kind": "resnet50-allreduce", "samples": 1e5, '
+                                       '"worker_gpu": 1}\n')  # fmt: skip
+    [g] = load_workload(tmp_path / "ar.jsonl")
+    assert (g.min_ps, g.max_ps, g.static_ps) == (0, 0, 0)
+    (tmp_path / "ar2.csv").write_text("id,arrival_s,kind,samples,worker_gpu,max_ps\ng,0,resnet50-allreduce,1e5,1,2\n")
+    with pytest.raises(ConfigError, match="all-reduce kind has no PS"):
+        load_workload(tmp_path / "ar2.csv")
 
 
 def test_every_job_finishes_and_the_run_is_reproducible():

@@ -25,6 +25,7 @@ from elasticps.cli.common import (
 #: What --policy and --compare take: every policy of elasticps.sched.policies, and the oracle.
 SIM_POLICIES = ("static", "greedy", "optimus", "elastic", "pollux", "tiresias", "oracle", "kind-oracle")
 OBJECTIVES = ("goodput", "speed", "efficiency")
+DEFAULT_POLICY, DEFAULT_JOBS = "elastic", 300
 #: What --truth takes: elasticps.sim.truth.TRUTHS (a test keeps them equal; the simulator loads only when a run starts).
 TRUTHS = ("optimus", "grid", "mixed")
 #: What --workload-shape takes: elasticps.sim.workload.synthetic_workload, elasticps.sim.traces.trace_workload.
@@ -39,7 +40,7 @@ workload files (--workload): CSV with a header row, or JSONL (one object a line)
   samples            its total work, in samples at the kind's batch
   min_ps, max_ps     PS limits (1, 8; an all-reduce kind: 0, 0)
   min_workers, max_workers    worker limits (1, 16)
-  static_ps, static_workers   the shape the user asked for, what static runs (2, 4)
+  static_ps, static_workers   the shape the user asked for, what static runs (2, 4; all-reduce: 0, 4)
   ps_cpu, worker_cpu          CPUs a task (2, 4)
   ps_memory_gb, worker_memory_gb   memory a task (4, 8)
   worker_gpu         GPUs a worker (0; an all-reduce kind needs > 0)
@@ -86,6 +87,14 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.compare and args.objectives:
         raise ConfigError("--compare (policies) and --objectives: one at a time")
+    if args.compare and args.policy:
+        raise ConfigError("--policy and --compare: --compare names every policy to run")
+    if args.jobs is not None and (args.workload or args.trace):
+        raise ConfigError("--jobs sizes a generated workload: not with --workload or --trace (their rows are the jobs)")
+    if args.efficiency_threshold is not None and "efficiency" not in (args.objectives or [args.objective]):
+        raise ConfigError("--efficiency-threshold is for the efficiency objective: give --objective efficiency")
+    args.policy = args.policy or DEFAULT_POLICY
+    args.jobs = args.jobs or DEFAULT_JOBS
     if args.seeds is not None and (args.plot or args.workload or args.trace):
         raise ConfigError("--seeds varies the generated workload's seed: not with --plot or --workload (or --trace)")
     if args.workload and args.trace:
@@ -94,7 +103,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--workload-shape shapes a generated workload: not with --workload or --trace")
     if args.interarrival_s is not None and (args.workload or args.trace):
         raise ConfigError("--interarrival-s shapes a generated workload: not with --workload or --trace")
-    if args.adaptive_jobs and (args.trace or args.workload_shape == "trace"):
+    if args.adaptive_jobs and (args.trace or args.workload or args.workload_shape == "trace"):
         raise ConfigError("--adaptive-jobs applies to the synthetic workload only")
     from elasticps.sim.config import ORACLE
 
@@ -139,7 +148,8 @@ def _check_policy_options(args: argparse.Namespace) -> None:
     }
     for flag, (option, value) in given.items():
         if value and option not in taken:
-            takers = ", ".join(p for p in POLICIES if option in policy_options(p))
+            oracles = sorted(ORACLES) if option in policy_options("elastic") else []
+            takers = ", ".join([*(p for p in POLICIES if option in policy_options(p)), *oracles])
             raise ConfigError(f"{flag}: no policy run here ({', '.join(names)}) takes it (those that do: {takers})")
 
 
@@ -344,7 +354,7 @@ def add_parsers(sub: Any) -> None:
         "cycle, bursts, heavy-tailed durations and 1-16 GPU sizes as production GPU traces show, 300 s apart; "
         "elasticps/sim/traces.py)",
     )  # fmt: skip
-    sim.add_argument("--jobs", type=positive_int, default=300, help="generated workload: number of jobs")
+    sim.add_argument("--jobs", type=positive_int, help=f"generated workload: number of jobs (default: {DEFAULT_JOBS})")
     sim.add_argument(
         "--interarrival-s", type=positive_float,
         help="generated workload: mean seconds between submissions (default: 30 synthetic, 300 trace)",
@@ -366,8 +376,9 @@ def add_parsers(sub: Any) -> None:
         help="seconds a job makes no progress after a start or rescale",
     )  # fmt: skip
     sim.add_argument(
-        "--policy", default="elastic", choices=SIM_POLICIES,
-        help="oracle: elastic's decisions knowing every job's true speed (the bound to measure against)",
+        "--policy", choices=SIM_POLICIES,
+        help="the policy to run (default: elastic), or --compare several; oracle: elastic's decisions "
+        "knowing every job's true speed (the bound to measure against)",
     )  # fmt: skip
     sim.add_argument("--objective", default="goodput", choices=OBJECTIVES, help=OBJECTIVE_HELP)
     sim.add_argument("--efficiency-threshold", type=positive_float, help=THRESHOLD_HELP)

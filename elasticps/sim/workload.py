@@ -180,6 +180,8 @@ def load_workload(path: str | Path) -> list[WorkloadJob]:
             kw = {
                 k: (str(v) if names[k] == "str" else int(v) if names[k] == "int" else float(v)) for k, v in row.items()
             }
+            if kw.get("kind") in KINDS and KINDS[kw["kind"]].allreduce:  # no PS: its PS fields default to 0
+                kw = {"min_ps": 0, "max_ps": 0, "static_ps": 0, **kw}
             jobs.append(WorkloadJob(**kw))
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"workload {path} row {n}: {exc}") from exc
