@@ -4,6 +4,7 @@ manager's invariants; none starts Ray, so each runs in milliseconds."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import threading
@@ -913,9 +914,11 @@ def test_the_progress_kept_of_a_cancelled_job_is_where_it_stopped_not_its_last_p
     for _ in range(3):
         manager.step()
     polled = manager.store.progress("c")["step"]
-    runtime.latest("c").step += 7  # steps trained after the last poll, before the cancel stops it
+    job = runtime.latest("c")
+    job.step += 7  # steps trained after the last poll, before the cancel stops it
+    job.windows.append(dataclasses.replace(job.windows[-1], samples_per_s=12345.0))
     manager.cancel("c")
     manager.step()  # the round drains the cancelled job: stopped, its final report read
     kept = manager.store.progress("c")
-    assert kept["step"] == polled + 7 == runtime.latest("c").step
-    assert kept["epoch"] == runtime.latest("c").report().epoch
+    assert kept["step"] == polled + 7 == job.step and kept["epoch"] == job.report().epoch
+    assert kept["samples_per_s"] == 12345.0  # as describe and the API show it, from the final report

@@ -196,7 +196,8 @@ class JobTable:
                         self.ended.popitem(last=False)
                     kept = self.store.progress(name) or {}
                     if report.step > kept.get("step", -1):  # steps since the last poll: what its checkpoint holds
-                        self.store.set_progress(name, {**kept, "step": report.step, "epoch": report.epoch})
+                        last = {"samples_per_s": report.windows[-1].samples_per_s} if report.windows else {}
+                        self.store.set_progress(name, {**kept, "step": report.step, "epoch": report.epoch, **last})
             live.handle.close()
             with lock:
                 self._closing = [(n, x) for n, x in self._closing if x is not live]
