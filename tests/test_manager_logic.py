@@ -922,3 +922,18 @@ def test_the_progress_kept_of_a_cancelled_job_is_where_it_stopped_not_its_last_p
     kept = manager.store.progress("c")
     assert kept["step"] == polled + 7 == job.step and kept["epoch"] == job.report().epoch
     assert kept["samples_per_s"] == 12345.0  # as describe and the API show it, from the final report
+
+
+def test_the_api_counts_a_run_from_its_start_event_as_describe_and_events_do(env):
+    from elasticps.manager.dashboard import overview
+
+    manager, _, _ = env
+    submit(manager, "s")
+    for _ in range(6):
+        manager.step()
+    started = next(at for _, at, _, kind, _ in manager.store.events("s") if kind == "started")
+    first_allocation = manager.store.allocations("s")[0][0]
+    assert first_allocation > started
+    view = overview(manager)
+    [row] = [r for r in view["jobs"] if r["name"] == "s"]
+    assert row["started_at"] == started and row["elapsed_s"] == pytest.approx(view["now"] - started)

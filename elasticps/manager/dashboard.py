@@ -119,6 +119,7 @@ def _nodes_now(manager: Manager, now: float) -> list[dict]:
 def _job_rows(manager: Manager, records: list[JobRecord], now: float) -> list[dict]:
     statuses = manager.statuses()
     reasons = manager.store.last_events(REASON_KINDS)
+    starts = manager.store.last_events(("started",))  # a run's start, as `events` and `describe` show it
     moves = manager.history.latest_moves()
     rows = []
     for rec in records:
@@ -146,7 +147,7 @@ def _job_rows(manager: Manager, records: list[JobRecord], now: float) -> list[di
             done = max(0.0, min(1.0, 1.0 - remaining / total))
         elif epochs and epoch is not None:
             done = min(1.0, epoch / epochs)
-        started = allocs[0][0] if allocs else None
+        started = starts[rec.name][0] if rec.name in starts else allocs[0][0] if allocs else None
         end = rec.updated_at if state.ended else now
         predicted = manager.predicted.get(rec.name) if state == JobState.RUNNING else None
         speed = predicted or (rate if state == JobState.RUNNING else None)
