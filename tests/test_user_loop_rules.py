@@ -416,15 +416,21 @@ def test_a_mean_loss_or_a_sum_divided_by_the_batch_trains(loss):
 
 
 def test_a_summed_loss_after_the_watched_steps_or_outside_a_loop_is_not_judged():
+    original = torch.autograd.backward
     F.cross_entropy(torch.randn(4, 3, requires_grad=True), torch.tensor([0, 1, 2, 0]), reduction="sum").backward()
-    watch = rules.LossWatch()
+    watch, other = rules.LossWatch(), rules.LossWatch()
     watch.start()
+    watch.start()  # started again, and a second watch: torch's backward is wrapped once
+    other.start()
+    other.stop()
     try:
         for _ in range(rules.CHECKED_STEPS):
             F.cross_entropy(torch.randn(4, 3, requires_grad=True), torch.tensor([0, 1, 2, 0])).backward()
+        assert torch.autograd.backward is original  # its checks done, the watch let go by itself
         F.cross_entropy(torch.randn(4, 3, requires_grad=True), torch.tensor([0, 1, 2, 0]), reduction="sum").backward()
     finally:
         watch.stop()
+    assert torch.autograd.backward is original
 
 
 def test_a_broken_rule_is_told_in_one_line_at_the_users_line_and_an_own_error_without_our_frames():

@@ -182,7 +182,7 @@ class LossWatch:
         with _lock:
             if self not in _watches:
                 _watches.append(self)
-            if len(_watches) == 1:
+            if not _unwrapped:  # wrapped once, however many watches
                 _wrap_backward()
 
     def stop(self) -> None:
