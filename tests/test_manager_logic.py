@@ -937,3 +937,20 @@ def test_the_api_counts_a_run_from_its_start_event_as_describe_and_events_do(env
     view = overview(manager)
     [row] = [r for r in view["jobs"] if r["name"] == "s"]
     assert row["started_at"] == started and row["elapsed_s"] == pytest.approx(view["now"] - started)
+
+
+def test_an_ended_job_shows_the_shape_it_last_ran_in_the_api_as_in_status(env):
+    from elasticps.manager.dashboard import overview
+
+    manager, runtime, _ = env
+    submit(manager, "e")
+    for _ in range(3):
+        manager.step()
+    ran = runtime.latest("e").shape
+    manager.cancel("e")
+    manager.step()
+    [row] = [r for r in overview(manager)["jobs"] if r["name"] == "e"]
+    assert row["ended"] and (row["num_ps"], row["num_workers"]) == ran == manager.store.allocations("e")[-1][1:3]
+    submit(manager, "w")  # submitted, not started yet: no shape
+    [row] = [r for r in overview(manager)["jobs"] if r["name"] == "w"]
+    assert (row["num_ps"], row["num_workers"]) == (0, 0)

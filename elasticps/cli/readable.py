@@ -40,7 +40,8 @@ def describe_text(detail: dict[str, Any], spec: dict[str, Any]) -> str:
     if j["ended"]:
         lines.append(f"ended:      {clock(j['updated_at'])}")
     limits = f"PS {j['ps_range'][0]}..{j['ps_range'][1]}, workers {j['workers_range'][0]}..{j['workers_range'][1]}"
-    now = f"{shape_text(j['num_ps'], j['num_workers'])}, " if j["num_ps"] or j["num_workers"] else ""
+    ran = "last " if j["ended"] else ""  # an ended job's: the shape it last ran
+    now = f"{ran}{shape_text(j['num_ps'], j['num_workers'])}, " if j["num_ps"] or j["num_workers"] else ""
     lines.append(f"shape:      {now}limits {limits}")
     progress = []
     if j.get("epochs"):

@@ -125,7 +125,8 @@ def _job_rows(manager: Manager, records: list[JobRecord], now: float) -> list[di
     for rec in records:
         state = JobState(rec.state)
         allocs = manager.store.allocations(rec.name)
-        shape = (allocs[-1][1], allocs[-1][2]) if allocs and state == JobState.RUNNING else (0, 0)
+        # running: its shape; ended: the last it ran (as status shows it); waiting: none
+        shape = (allocs[-1][1], allocs[-1][2]) if allocs and (state == JobState.RUNNING or state.ended) else (0, 0)
         epochs = rec.info.epochs if rec.info else 0
         total = epochs * rec.info.samples_per_epoch if rec.info else 0
         st = statuses.get(rec.name)
