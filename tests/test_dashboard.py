@@ -222,8 +222,9 @@ def test_without_the_token_the_page_says_how_to_open_it(site):
     notice = page.by_id("notice")
     assert "hidden" not in notice.attrs and "needs the manager's token" in notice.text and "#token=" in notice.text
     assert not page.find("tr", data_job="long")  # nothing about jobs without it
-    refused = browse(f"{url}#token=wrong-token", tmp / "p5").by_id("notice")
-    assert "refused" in refused.text
+    assert "hidden" in page.by_id("jobs-view").attrs  # nor an empty list, which would read as an empty cluster
+    refused = browse(f"{url}#token=wrong-token", tmp / "p5")
+    assert "refused" in refused.by_id("notice").text and "hidden" in refused.by_id("jobs-view").attrs
 
 
 def test_after_a_restart_ended_jobs_keep_their_figures(site):

@@ -53,6 +53,8 @@ async function api(path) {
 }
 
 function showNotice(refused) {
+  // no data to show without the token: no view either (an empty job list would read as an empty cluster)
+  for (const v of ["jobs", "job", "cluster"]) document.getElementById(`${v}-view`).hidden = true;
   const box = document.getElementById("notice");
   const addr = `${location.origin}/#token=`;
   fill(box,
