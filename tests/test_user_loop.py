@@ -50,7 +50,8 @@ def test_a_loop_through_live_rescales_matches_one_process(ray_local, optimizer, 
     for got, want in zip(report.metrics, reports, strict=True):
         assert got.values["accuracy"] == want["metrics"]["accuracy"]
         assert got.values["test_loss"] == pytest.approx(want["metrics"]["test_loss"], rel=1e-4)
-    assert report.windows[-1].loss > 0  # the loss the loop called backward() on
+    # the loss the loop called backward() on, each worker's noted: falling as the job trains
+    assert 0 < report.windows[-1].loss < report.windows[0].loss
     job.shutdown()
 
 

@@ -168,13 +168,17 @@ class LossWatch:
     thread that started the watch): the loss is not a sum over the batch. A
     job's workers each compute the loss of their share of the batch and their
     gradients are weighed as means (b_w / M), so a summed loss would train at
-    a learning rate that changes with the number of workers.
+    a learning rate that changes with the number of workers. With ``note``
+    (a job's worker), every scalar that thread calls ``backward()`` on is
+    also handed to it (the loss, for the job's reports), for as long as the
+    watch is on.
 
     Watching wraps ``torch.autograd.backward`` (what ``Tensor.backward`` calls)
-    while any watch is on; the wrapper only reads the loss's autograd node."""
+    while any watch is on; the wrapper only reads the loss's value and autograd node."""
 
-    def __init__(self) -> None:
+    def __init__(self, note: Callable[[float], None] | None = None) -> None:
         self.checks_left = CHECKED_STEPS
+        self.note = note
         self.thread: int | None = None
 
     def start(self) -> None:
@@ -195,8 +199,12 @@ class LossWatch:
     def see(self, tensors: Any) -> None:
         if self.thread != threading.get_ident():
             return
-        self.checks_left -= 1
+        if self.note is not None and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
+            self.note(float(tensors.detach()))
         if self.checks_left <= 0:
+            return
+        self.checks_left -= 1
+        if self.checks_left <= 0 and self.note is None:
             self.stop()
         for loss in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
             how = summed_over_batch(getattr(loss, "grad_fn", None))

@@ -120,7 +120,8 @@ class WorkerSession:
         self.norm_layers: list[torch.nn.Module] = []
         self.bound: tuple[list[np.ndarray], list[tuple[int, int]]] | None = None
         self.watch = rules.ParamsWatch()  # only the prepared optimizer changes the parameters (first steps)
-        self.losses = rules.LossWatch()  # the loss is not a sum over the batch (first backward() calls)
+        # the loss is not a sum over the batch (first backward() calls); every loss noted for the reports
+        self.losses = rules.LossWatch(note=self.note_loss)
         self.rows: RowClient | None = None
         self.rng_points = 0  # rng_point() calls so far
         self.row_grads: list[tuple[int, np.ndarray, np.ndarray]] = []  # the last step's, for the push

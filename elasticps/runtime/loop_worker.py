@@ -34,19 +34,6 @@ MAX_CONCURRENCY = 4
 _ENDED = object()
 
 
-def _install_loss_hook(session: WorkerSession) -> None:
-    """Note the value of every scalar the loop calls ``backward()`` on: its loss,
-    for the job's reports (nothing else changes)."""
-    original = torch.Tensor.backward
-
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if self.numel() == 1:
-            session.note_loss(float(self.detach()))
-        return original(self, *args, **kwargs)
-
-    torch.Tensor.backward = backward  # type: ignore[method-assign]
-
-
 def _install_clip_hook(session: WorkerSession) -> None:
     """``torch.nn.utils.clip_grad_norm_`` over the prepared model's parameters is
     recorded, not applied here: the PS shards clip the global gradient by its
@@ -85,7 +72,6 @@ class LoopWorker(WorkerBase):
         self._shared = shared_memory and available()
         self.session = WorkerSession(program, self._grad_buffer, wait_s=wait_s)
         set_session(self.session)
-        _install_loss_hook(self.session)
         _install_clip_hook(self.session)
         self._done = threading.Event()
         self.error: str | None = None
