@@ -415,6 +415,24 @@ def test_a_mean_loss_or_a_sum_divided_by_the_batch_trains(loss):
     assert torch.autograd.backward is original
 
 
+@pytest.mark.parametrize("call", ["loss.backward()", "torch.autograd.backward(loss)"])
+def test_every_steps_loss_is_noted_for_the_reports_however_backward_is_called(call):
+    seen = []
+
+    def body(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        seen.append(loss.item())
+        loss.backward() if call == "loss.backward()" else torch.autograd.backward(loss)
+        opt.step()
+
+    steps = rules.CHECKED_STEPS + 2  # past the steps whose loss is checked
+    stats = drive(make_loop(body=body), steps=steps)
+    batch = load_program(make_loop(body=body)).batch_size
+    assert [s["loss_sum"] / batch for s in stats] == pytest.approx(seen, rel=1e-6)
+    assert len(seen) == steps
+
+
 def test_a_summed_loss_after_the_watched_steps_or_outside_a_loop_is_not_judged():
     original = torch.autograd.backward
     F.cross_entropy(torch.randn(4, 3, requires_grad=True), torch.tensor([0, 1, 2, 0]), reduction="sum").backward()
