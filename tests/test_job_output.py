@@ -69,3 +69,23 @@ def test_a_tasks_last_lines_reach_the_driver_before_it_is_stopped_or_its_job_end
     tasks.retire([stopped])  # closed, then killed: its line is sent first
     assert "[worker-1] last words" in ray.get(driver.kept.remote())
     tasks.kill(ended)
+
+
+def test_a_jobs_folders_are_its_owners_alone_under_a_clusters_umask_too(tmp_path):
+    """A driver on a Ray cluster the manager did not start runs under that
+    cluster's umask (022): the job's folder, made as the parent of its output or
+    checkpoints, is 0700 all the same, as is every folder made on the way."""
+    import os
+
+    from elasticps.runtime.checkpoint import CheckpointStore
+
+    old = os.umask(0o022)
+    try:
+        JobLog(tmp_path / "jobs.d" / "a" / "output").write(["[driver] hello"])
+        CheckpointStore(tmp_path / "jobs.d" / "b" / "checkpoints")
+    finally:
+        os.umask(old)
+    made = [tmp_path / "jobs.d", *(tmp_path / "jobs.d" / n for n in ("a", "a/output", "b", "b/checkpoints"))]
+    assert {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in made} == {
+        str(p.relative_to(tmp_path)): "0o700" for p in made
+    }

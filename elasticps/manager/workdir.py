@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from elasticps.errors import ConfigError
+from elasticps.private_dir import private_dir
 
 TOKEN_FILE = "token"
 RAY_TOKEN_FILE = "ray-token"
@@ -56,7 +57,7 @@ def migrate_job_dirs(workdir: str | Path, names: list[str]) -> list[str]:
             continue
         if new.exists():
             raise ConfigError(f"job {name!r} has files in both {old} and {new}; keep one of them and start again")
-        new.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(new.parent)
         os.replace(old, new)
         moved.append(name)
     return moved

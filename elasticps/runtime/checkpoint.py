@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from elasticps.errors import ConfigError, ProgramError, UserCodeError
+from elasticps.private_dir import private_dir
 from elasticps.runtime.config import JobConfig
 from elasticps.runtime.data import DataPosition
 from elasticps.runtime.shard_state import ShardState
@@ -63,7 +64,7 @@ class CheckpointStore:
 
     def __init__(self, directory: str | os.PathLike[str], keep: int = 2) -> None:
         self.dir = Path(directory)
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(self.dir)
         self.keep = max(1, keep)
         self.skipped: list[str] = []  # damaged checkpoints that latest() passed over
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from elasticps.private_dir import private_dir
+
 #: What a job's output log keeps at most (the newest output).
 MAX_LOG_BYTES = 1 << 20
 #: Longest line kept (longer ones are cut).
@@ -58,7 +60,7 @@ class JobLog:
         if not data:
             return
         with self._lock:
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dir(self.dir)
             files = self._files()
             start, path = files[-1] if files else (0, self.dir / f"{0:015d}.log")
             size = path.stat().st_size if path.exists() else 0
