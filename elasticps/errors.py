@@ -94,6 +94,20 @@ def one_line(text: str, width: int = 400) -> str:
     return out if len(out) <= width else out[: width - 3] + "..."
 
 
+_OBJECT_AT = re.compile(r"<[^<>]* object at 0x[0-9a-f]+>:? ?")
+
+
+def failure_text(exc: BaseException, width: int = 300) -> str:
+    """One line for a client library's error, the same each time it fails the
+    same way: an HTTP error's status and reason where it has them (Kubernetes'
+    ``ApiException``, whose text runs on with the reply's headers and body), else
+    its first line without the object addresses a connection error names."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if isinstance(status, int) and isinstance(reason, str) and reason:
+        return f"{status} {reason}"
+    return one_line(_OBJECT_AT.sub("", str(exc)), width) or type(exc).__name__
+
+
 def loop_error_text(exc: BaseException) -> str:
     """What a user's loop raised, as its job says it: where a rule of
     ``elasticps.torch`` was broken (:func:`broke_a_rule`), the rule's text and

@@ -336,3 +336,35 @@ def test_bad_ship_roots_are_refused_before_anything_is_made(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr == "error: --ship-roots takes existing absolute directories, got 'relative/dir'\n"
     assert not (tmp_path / "state").exists()
+
+
+def test_kubernetes_options_without_kuberay_are_refused_before_anything_is_made(tmp_path):
+    args = ["server", "--workdir", str(tmp_path / "state"), "--kuberay-group", "gpu", "--kubeconfig", "/nonexist"]
+    done = subprocess.run([sys.executable, "-m", "elasticps", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        "error: --kuberay-group, --kubeconfig without --kuberay NAME: they say which RayCluster to grow\n"
+    )
+    assert not (tmp_path / "state").exists()
+
+
+def test_operators_mistakes_on_the_servers_files_are_one_line(tmp_path, monkeypatch):
+    """A kubeconfig that is not there, a workdir whose database is no database:
+    one line naming the file (what ``elasticps server`` prints as ``error: ...``);
+    a token given to the server replaces the workdir's older one, for its clients."""
+    from elasticps.cli.server import open_store
+    from elasticps.k8s.deploy import api_client
+    from elasticps.manager.workdir import api_token, write_token
+
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    with pytest.raises(ConfigError, match=r"^no Kubernetes credentials: not in a pod, and the kubeconfig /nonexist: "):
+        api_client("/nonexist")
+    (tmp_path / "manager.db").write_bytes(b"not a database, " * 512)
+    with pytest.raises(ConfigError, match=r"^cannot open the manager's database .*manager.db: file is not a database$"):
+        open_store(tmp_path / "manager.db")
+    old = api_token(tmp_path)
+    given = "g" * 40
+    write_token(tmp_path, given)
+    assert api_token(tmp_path) == given != old
+    assert oct((tmp_path / "token").stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manager.db", "token"]  # no temporary file left

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from elasticps.k8s import WorkerGroup, plan_replicas, pods_that_fit
+from elasticps.k8s import KubeCapacity, WorkerGroup, plan_replicas, pods_that_fit
 from elasticps.k8s.resources import holds_resources, node_schedulable, parse_quantity, pod_request, to_resources
 from elasticps.sched import PolicyState, Resources, make_policy
 from tests.builders import make_cluster, make_job
@@ -99,3 +99,26 @@ def test_idle_pods_are_given_back_down_to_min_replicas_when_nothing_needs_them()
     # an unneeded pending pod goes first, before an idle one
     plan = _plan([small], make_cluster(n=2, cpu=4), group=group, pending=1, idle=["pod-b"])
     assert (plan.replicas, plan.workers_to_delete) == (1, ("pod-b",))
+
+
+def test_a_watch_that_fails_is_said_once_and_listed_again_ever_less_often(caplog):
+    """An API server that refuses every connection (nothing listens): one
+    warning per watch, then its later failures at debug level, the pauses
+    between lists doubling (1, 2, 4 s ...), not a warning a second."""
+    import logging
+    import time
+
+    from kubernetes import client
+
+    config = client.Configuration()
+    config.host = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    cap = KubeCapacity(client.ApiClient(config))
+    with caplog.at_level(logging.DEBUG, logger="elasticps.k8s"):
+        cap.start()
+        time.sleep(6.5)  # failures at about 0, 1 and 3 s, the next at 7 (every second: 7 of them)
+        cap.stop()
+    for kind in ("nodes", "pods"):
+        said = [r for r in caplog.records if r.getMessage().startswith(f"watching {kind} failed")]
+        assert [r.levelno for r in said][:1] == [logging.WARNING] and len(said) >= 2, [r.getMessage() for r in said]
+        assert all(r.levelno == logging.DEBUG for r in said[1:])
+        assert 2 <= sum(e.startswith(f"{kind}: ") for e in cap.errors) <= 4, cap.errors

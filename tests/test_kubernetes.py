@@ -415,6 +415,17 @@ def test_the_manager_asks_kuberay_for_the_pods_its_jobs_would_use(kube, ray_loca
         assert kuberay.worker_group()[1].replicas == 3
         growth = [m for _, _, _, kind, m in manager.store.events() if kind == "growth"]
         assert growth and growth[-1].startswith("Ray worker pods -> 3"), growth
+        # the RayCluster gone for three rounds: said once, in one line, and its return once
+        from kubernetes import client
+
+        client.CustomObjectsApi(api).delete_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", "elasticps")
+        for _ in range(3):
+            manager.step()
+        _raycluster(api, ns)
+        manager.step()
+        later = [m for _, _, _, kind, m in manager.store.events() if kind == "growth"][len(growth) :]
+        assert later[:2] == ["could not resize the Ray cluster: 404 Not Found", "the Ray cluster can be resized again"]
+        assert all(m.startswith("Ray worker pods -> 3") for m in later[2:]), later  # the new one grown as the old
     finally:
         manager.shutdown()
         cap.stop()

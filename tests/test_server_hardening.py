@@ -94,6 +94,8 @@ def _wait_ended(url: str, names: list[str], timeout_s: float = 300) -> dict[str,
 
 def test_the_token_is_on_no_command_line_and_a_short_one_is_refused(server, tmp_path):
     assert "warning: --token can be read by every local user" in server["log"].read_text()
+    # the workdir's token file held another (an earlier start's): it now names the one this server takes
+    assert (server["workdir"] / "token").read_text().strip() == TOKEN
     pids = _session(server["proc"])
     assert len(pids) > 3  # the server and its Ray cluster
     for pid in pids:
@@ -225,13 +227,28 @@ def test_a_read_only_workdir_is_one_line_naming_it(tmp_path):
         pytest.skip("cannot mount a read-only tmpfs here")
     try:
         subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
-        done = subprocess.run(
-            [sys.executable, "-m", "elasticps", "server", "--workdir", str(ro)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = _server_on(ro)
     finally:
         unmount(ro)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and str(ro) in lines[0] and "Read-only" in lines[0], done.stderr
+
+
+def test_a_workdir_with_no_room_for_its_database_is_one_line_before_ray_starts(tmp_path):
+    full = tmp_path / "full"
+    if not mount_tiny_tmpfs(full, "64k"):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        done = _server_on(full / "state")
+    finally:
+        unmount(full)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: cannot open the manager's database {full / 'state' / 'manager.db'}: "), lines
+    assert "Ray" not in done.stdout
+
+
+def _server_on(workdir: Path) -> subprocess.CompletedProcess:
+    """``elasticps server`` on ``workdir``, for a test where it refuses to start (any free port)."""
+    args = [sys.executable, "-m", "elasticps", "server", "--workdir", str(workdir), "--port", "0"]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120)

@@ -57,6 +57,18 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def open_store(path: Path) -> Any:
+    """The manager's store at ``path``, or a one-line error (a full disk, a file that is no database)."""
+    import sqlite3
+
+    from elasticps.manager import Store
+
+    try:
+        return Store(path)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"cannot open the manager's database {path}: {exc}") from None
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     import threading
 
@@ -68,12 +80,17 @@ def cmd_server(args: argparse.Namespace) -> int:
         ray_token_auth,
         secure_workdir,
         without_token,
+        write_token,
         write_url,
     )
     from elasticps.raycluster import LOOPBACK_ENV, check_address
 
     # refused before anything is made or started: a bad --ship-roots, a port in use, a Ray cluster not there
     ship_roots = _ship_roots(args.ship_roots)
+    kube = [f for f, v in (("--kuberay-namespace", args.kuberay_namespace), ("--kuberay-group", args.kuberay_group),
+                           ("--kubeconfig", args.kubeconfig)) if v is not None]  # fmt: skip
+    if kube and not args.kuberay:
+        raise ConfigError(f"{', '.join(kube)} without --kuberay NAME: they say which RayCluster to grow")
     _listen(args.host, args.port).close()  # bound for good below, after the restart that sets Ray's auth up
     check_address(args.ray_address)
     workdir = Path(args.workdir)
@@ -98,12 +115,15 @@ def cmd_server(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         os.execv(sys.executable, [sys.executable, "-m", "elasticps", *without_token(args.argv)])
     lock = WorkdirLock(workdir)  # one manager per workdir: a second one stops here
+    store = open_store(workdir / "manager.db")  # a full disk: said before Ray starts
     # the token stays in this process's memory: not in the environment the Ray processes and jobs inherit
-    token = os.environ.pop("ELASTICPS_TOKEN", None) or api_token(workdir)
+    given = os.environ.pop("ELASTICPS_TOKEN", None) or None
+    if given is not None:  # the workdir's file names the token this server takes, for the clients that read it
+        write_token(workdir, given)
+    token = given or api_token(workdir)
 
     import uvicorn
 
-    from elasticps.manager import Store
     from elasticps.manager.api import LOOPBACK_HOSTS, create_app
     from elasticps.manager.service import Manager
     from elasticps.raycluster import ensure_ray
@@ -126,7 +146,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         ensure_ray(args.ray_address, num_cpus=args.num_cpus, log_to_driver=args.job_output)
     allow = tuple(m.strip() for m in args.allow_programs.split(",") if m.strip()) if args.allow_programs else None
     manager = Manager(
-        Store(workdir / "manager.db"), workdir, args.policy, args.objective, args.placement, policy_options=options,
+        store, workdir, args.policy, args.objective, args.placement, policy_options=options,
         allow_programs=allow, ship_roots=ship_roots,
     )  # fmt: skip
     if args.kuberay:

@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from elasticps.errors import failure_text
 from elasticps.k8s.resources import holds_resources, node_schedulable, pod_request, to_resources
 from elasticps.sched import ClusterView, NodeView, Resources
 from elasticps.sched.types import total_of
 
 log = logging.getLogger("elasticps.k8s")
+MAX_RETRY_S = 30.0  # the longest pause between two lists while the API server fails
 
 
 class KubeCapacity:
@@ -51,6 +53,7 @@ class KubeCapacity:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.errors: list[str] = []
+        self._failing: dict[str, int] = {}  # failures in a row of each watch, while it fails
 
     # -- lifecycle
     def start(self) -> KubeCapacity:
@@ -132,6 +135,8 @@ class KubeCapacity:
                 if changed:
                     self._changed()
                 self._synced[kind].set()
+                if self._failing.pop(kind, 0):
+                    log.warning("watching %s again", kind)
                 w = watch.Watch()
                 for event in w.stream(
                     lister,
@@ -172,10 +177,20 @@ class KubeCapacity:
             self.on_change()
 
     def _error(self, kind: str, exc: Exception) -> None:
-        self.errors.append(f"{kind}: {exc}")
+        """A failed list or watch: said once when a run of failures starts (the
+        API server down is a failure a second, for minutes), then listed again
+        after a pause that doubles up to ``MAX_RETRY_S``."""
+        why = failure_text(exc)
+        self.errors.append(f"{kind}: {why}")
         del self.errors[:-20]
-        log.warning("watching %s failed (%s); listing again", kind, exc)
-        self._stop.wait(1.0)
+        n = self._failing[kind] = self._failing.get(kind, 0) + 1
+        pause = min(MAX_RETRY_S, 2.0 ** (n - 1))
+        if n == 1:
+            log.warning("watching %s failed (%s); listing again, every %g-%g s while it fails", kind, why, pause,
+                        MAX_RETRY_S)  # fmt: skip
+        else:
+            log.debug("watching %s failed again (%s)", kind, why)
+        self._stop.wait(pause)
 
 
 def _key(obj: dict[str, Any]) -> str:

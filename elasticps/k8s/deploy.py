@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,11 @@ def api_client(kubeconfig: str | None = None) -> Any:
             return client.ApiClient()
         except config.ConfigException:
             pass
-    return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        return config.new_client_from_config(config_file=kubeconfig)
+    except (config.ConfigException, OSError) as exc:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ConfigError(f"no Kubernetes credentials: not in a pod, and the kubeconfig {where}: {exc}") from None
 
 
 def kuberay_growth(
@@ -37,6 +43,9 @@ def kuberay_growth(
     if namespace is None:
         namespace = SA_NAMESPACE.read_text().strip() if SA_NAMESPACE.exists() else "default"
     client = api_client(kubeconfig)
+    # the client retries a refused connection three times, urllib3 logging each try: while the API server
+    # is down, the watches' and the growth's own one line each is what the server's log needs
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     kuberay = KubeRay(client, namespace, name, group)
     from kubernetes.client.exceptions import ApiException
 

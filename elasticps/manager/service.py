@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-from elasticps.errors import ElasticPSError
+from elasticps.errors import ElasticPSError, failure_text
 from elasticps.manager.admission import Admission
 from elasticps.manager.apply import Applier
 from elasticps.manager.capacity import capacity_change, capacity_signature
@@ -125,6 +125,7 @@ class Manager:
         self.retention = retention or Retention()
         self.state = PolicyState()
         self.growth = growth
+        self._growth_failing: str | None = None  # why resizing the Ray cluster fails, while it does
         self.wake = threading.Event()  # an event worth a round now (submission, finish, limits)
         self.reshape = threading.Event()  # and one that only a full round answers (limits)
         self._lock = threading.RLock()  # commands and rounds, one at a time
@@ -360,9 +361,15 @@ class Manager:
                 self.placement_method,
             )  # fmt: skip
         except Exception as exc:  # the jobs keep running on the nodes there are
-            log.warning("resizing the Ray cluster failed: %s", exc)
-            self.store.add_event(now, None, "growth", f"could not resize the Ray cluster: {exc}")
+            why = failure_text(exc)
+            if why != self._growth_failing:  # said once while it fails the same way, not every round
+                log.warning("resizing the Ray cluster failed: %s", why)
+                self.store.add_event(now, None, "growth", f"could not resize the Ray cluster: {why}")
+            self._growth_failing = why
             return
+        if self._growth_failing is not None:
+            self._growth_failing = None
+            self.store.add_event(now, None, "growth", "the Ray cluster can be resized again")
         if plan is not None:
             gone = f"; removing {', '.join(plan.workers_to_delete)}" if plan.workers_to_delete else ""
             self.store.add_event(now, None, "growth", f"Ray worker pods -> {plan.replicas} ({plan.reason}){gone}")

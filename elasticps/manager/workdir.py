@@ -20,6 +20,7 @@ what a start finds there.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import secrets
@@ -181,6 +182,27 @@ def ray_token_auth(workdir: str | Path) -> bool:
 
 def api_token(workdir: str | Path) -> str:
     return secret_file(workdir, TOKEN_FILE)
+
+
+def write_token(workdir: str | Path, token: str) -> None:
+    """``workdir/token`` holds ``token`` (0600), replacing what it held: a server
+    given its token (``--token``, ``$ELASTICPS_TOKEN``) on a workdir that has a
+    file from an earlier start would otherwise leave its clients a token it refuses."""
+    path = Path(workdir) / TOKEN_FILE
+    with contextlib.suppress(OSError):
+        if path.read_text().strip() == token:
+            return
+    tmp = path.with_name(f".{TOKEN_FILE}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write the API token to {path}: {exc.strerror or exc}") from None
 
 
 def client_token(token: str | None, workdir: str | Path | None) -> tuple[str | None, str]:
