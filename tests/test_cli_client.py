@@ -134,3 +134,27 @@ def test_a_client_finds_the_url_given_then_the_environments_then_the_workdirs(tm
     write_url(tmp_path, "::", 5)
     monkeypatch.delenv("ELASTICPS_URL")
     assert client_url(None, tmp_path, default) == "http://[::1]:5"
+
+
+def test_a_url_that_is_some_other_web_server_is_said_so_not_its_page(tmp_path):
+    """``--url`` at another HTTP server (its 404 page): one line saying what
+    answered, not the page's HTML as if it were the manager's error."""
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "site").mkdir()  # an empty site: every path is its 404 page
+    pages = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), pages)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(ManagerError) as err:
+            Client(url=url, token="t" * 40, workdir=tmp_path).jobs()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert str(err.value) == (
+        f"{url} answered GET /jobs with 404 and a web page, not an elasticps manager's JSON: "
+        "is --url (or $ELASTICPS_URL) the manager's address?"
+    )

@@ -64,12 +64,16 @@ class Client:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as exc:
             raise ManagerError(f"cannot reach the manager at {self.http.base_url}: {exc}") from exc
-        if r.status_code >= 400:
-            detail = (
-                r.json().get("detail", r.text)
-                if r.headers.get("content-type", "").startswith("application/json")
-                else r.text
+        kind = r.headers.get("content-type", "")
+        is_json = kind.startswith("application/json")
+        if kind.startswith("text/html"):  # the API answers JSON (its errors too) or, for /metrics, plain text
+            raise ManagerError(
+                f"{self.http.base_url} answered {method} {path} with {r.status_code} and a web page, not an "
+                "elasticps manager's JSON: is --url (or $ELASTICPS_URL) the manager's address?",
+                r.status_code,
             )
+        if r.status_code >= 400:
+            detail = r.json().get("detail", r.text) if is_json else r.text
             if r.status_code == 401:
                 detail = f"{detail} (token: {self.token_source})"
             problems = r.json().get("problems") if r.status_code == 422 else None
