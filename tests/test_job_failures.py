@@ -281,3 +281,20 @@ def test_a_pinned_package_is_uploaded_to_a_cluster_that_lacks_it(live, tmp_path)
     assert len(pinned) == 1 and not package_exists(env.working_dir)
     upload_pinned(env.to_ray(), tmp_path / "code")
     assert package_exists(env.working_dir)
+
+
+def test_a_runtime_env_that_cannot_be_set_up_is_refused_in_one_line(live):
+    """Ray's own text of a runtime_env it could not set up runs on with the
+    setup's traceback; the submit's refusal is one line, its reason (what was
+    raised) included."""
+    from elasticps.manager.client import ManagerError
+
+    client, _, code = live
+    spec = _spec("no-such-pip", code)
+    spec["runtime_env"]["pip"] = ["elasticps-no-such-package==0.0.1"]
+    with pytest.raises(ManagerError) as refused:
+        client.submit(spec)
+    text = str(refused.value)
+    assert refused.value.status == 400 and "the job's runtime_env could not be set up: " in text, text
+    assert "\n" not in text and "Traceback" not in text and len(text) < 800, text
+    assert text.endswith("to enable pip runtime env.") or "elasticps-no-such-package" in text, text  # Ray's reason

@@ -37,6 +37,7 @@ from elasticps.errors import (
     UserCodeError,
     broke_a_rule,
     error_chain,
+    one_line,
 )
 from elasticps.manager.capacity import ray_cluster_view, ray_hostnames
 from elasticps.manager.pinning import upload_pinned
@@ -280,7 +281,7 @@ def _ray_error_text(worker: Any, data: Any, kind: list[bytes]) -> str:
     text = info.error_message
     if info.HasField("runtime_env_setup_failed_error"):
         text = info.runtime_env_setup_failed_error.error_message or text
-    return text.strip()[:500]
+    return one_line(text, 500)  # its first line, and what was raised where it carries a traceback
 
 
 class RayJobHandle:
