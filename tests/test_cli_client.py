@@ -45,6 +45,16 @@ def test_every_problem_of_a_spec_at_once_with_did_you_mean():
     assert len(problems) == 4 and str(info.value).splitlines() == problems
     with pytest.raises(SpecError, match=r"colour': unknown field \(fields: name, program, "):
         parse_spec("name: a\nprogram: a.b:c\ncolour: red\n")
+    # a block's own checks, said with the other errors of the block, not once they are mended
+    mixed = "name: a\nprogram: a.b:c\nps: {min: 0, cpus: 1}\nworkers: {min: 3, max: 2, cpu: -1}\n"
+    with pytest.raises(SpecError) as info:
+        parse_spec(mixed)
+    assert info.value.problems == [
+        "job spec field 'ps.cpus': unknown field; did you mean 'cpu'?",
+        "job spec field 'workers.cpu': Input should be greater than 0",
+        "job spec field 'ps': min must be >= 1: a parameter-server job needs at least one PS and one worker",
+        "job spec field 'workers': min (3) must be <= max (2)",
+    ]
 
 
 @pytest.mark.parametrize(

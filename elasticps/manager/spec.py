@@ -72,6 +72,13 @@ ArgValue = (
 PS_DEFAULTS: dict[str, Any] = {"min": 1, "max": 4, "cpu": 0.5}
 
 
+NO_TASKS = "min must be >= 1: a parameter-server job needs at least one PS and one worker"
+
+
+def min_above_max(low: int, high: int) -> str:
+    return f"min ({low}) must be <= max ({high})"
+
+
 class TaskSpec(BaseModel):
     """How many tasks of one kind, and what each asks for."""
 
@@ -87,7 +94,7 @@ class TaskSpec(BaseModel):
     @model_validator(mode="after")
     def _min_le_max(self) -> TaskSpec:
         if self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+            raise ValueError(min_above_max(self.min, self.max))
         return self
 
 
@@ -185,8 +192,26 @@ class JobSpec(BaseModel):
     @classmethod
     def _at_least_one(cls, v: TaskSpec) -> TaskSpec:
         if v.min < 1:
-            raise ValueError("min must be >= 1: a parameter-server job needs at least one PS and one worker")
+            raise ValueError(NO_TASKS)
         return v
+
+    @classmethod
+    def limit_problems(cls, data: dict[str, Any]) -> list[str]:
+        """The ``ps`` and ``workers`` blocks' own checks on the spec as given: pydantic
+        runs them only on a block whose every field is valid, so a spec with a wrong
+        field in a block would have them said only once that field is mended."""
+        problems = []
+        for kind in ("ps", "workers"):
+            block = cls._ps_defaults(data.get(kind)) if kind == "ps" else data.get(kind)
+            if not isinstance(block, dict):
+                continue
+            low, high = block.get("min", 1), block.get("max", 8)
+            if type(low) is int and type(high) is int:
+                if low > high:
+                    problems.append(f"job spec field '{kind}': {min_above_max(low, high)}")
+                if low < 1:
+                    problems.append(f"job spec field '{kind}': {NO_TASKS}")
+        return problems
 
     @field_validator("standby_workers")
     @classmethod
@@ -319,7 +344,10 @@ def validate_as(model: type[BaseModel], data: Any, what: str) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(validation_problems(exc, what, model)) from exc
+        problems = validation_problems(exc, what, model)
+        if model is JobSpec:  # what pydantic leaves unsaid where a block has another error
+            problems += [p for p in JobSpec.limit_problems(data) if p not in problems]
+        raise SpecError(problems) from exc
     except RecursionError as exc:
         raise SpecError([f"{what} is nested too deeply"]) from exc
 
