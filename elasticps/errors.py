@@ -1,5 +1,6 @@
 """Exceptions raised by elasticps, each naming what went wrong."""
 
+import json
 import re
 
 #: A terminal's colour codes, which Ray puts in its errors' text.
@@ -104,8 +105,22 @@ def failure_text(exc: BaseException, width: int = 300) -> str:
     its first line without the object addresses a connection error names."""
     status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
     if isinstance(status, int) and isinstance(reason, str) and reason:
-        return f"{status} {reason}"
+        said = _status_message(getattr(exc, "body", None))  # a Kubernetes Status: what the server says went wrong
+        return one_line(f"{status} {reason}" + (f": {said}" if said else ""), width)
     return one_line(_OBJECT_AT.sub("", str(exc)), width) or type(exc).__name__
+
+
+def _status_message(body: object) -> str:
+    """The ``message`` of a JSON error body (Kubernetes' Status object), else ''."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    if not isinstance(body, str):
+        return ""
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        return ""
+    return message if isinstance(message, str) else ""
 
 
 def loop_error_text(exc: BaseException) -> str:

@@ -8,18 +8,23 @@ checkpoints was readable by every local user (docs/security.md)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
 def private_dir(path: str | Path) -> Path:
     """``path`` and every folder made on the way to it, 0700; those that exist are left as they are."""
     path = Path(path)
+    whole = Path(os.path.abspath(path))  # 'a/../b' makes b alone
     missing = []
-    for folder in (path, *path.parents):
+    for folder in (whole, *whole.parents):
         if folder.exists():
             break
         missing.append(folder)
     for folder in reversed(missing):
-        folder.mkdir(mode=0o700, exist_ok=True)
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # made meanwhile by another process: not ours to change
         folder.chmod(0o700)  # a umask that masks more than 077 would take the owner's bits too
     return path

@@ -346,6 +346,12 @@ def test_kubernetes_options_without_kuberay_are_refused_before_anything_is_made(
         "error: --kuberay-group, --kubeconfig without --kuberay NAME: they say which RayCluster to grow\n"
     )
     assert not (tmp_path / "state").exists()
+    # with --kuberay, credentials that are not there: one line, before Ray or the workdir
+    args = ["server", "--workdir", str(tmp_path / "state"), "--kuberay", "elasticps", "--kubeconfig", "/nonexist"]
+    done = subprocess.run([sys.executable, "-m", "elasticps", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: no Kubernetes credentials: "), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Ray" not in done.stdout
+    assert not (tmp_path / "state").exists()
 
 
 def test_operators_mistakes_on_the_servers_files_are_one_line(tmp_path, monkeypatch):
@@ -359,6 +365,10 @@ def test_operators_mistakes_on_the_servers_files_are_one_line(tmp_path, monkeypa
     monkeypatch.delenv("KUBECONFIG", raising=False)
     with pytest.raises(ConfigError, match=r"^no Kubernetes credentials: not in a pod, and the kubeconfig /nonexist: "):
         api_client("/nonexist")
+    (tmp_path / "kubeconfig").write_text("clusters: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"^no Kubernetes credentials: .* the kubeconfig .*kubeconfig: .*"):
+        api_client(str(tmp_path / "kubeconfig"))
+    (tmp_path / "kubeconfig").unlink()
     (tmp_path / "manager.db").write_bytes(b"not a database, " * 512)
     with pytest.raises(ConfigError, match=r"^cannot open the manager's database .*manager.db: file is not a database$"):
         open_store(tmp_path / "manager.db")

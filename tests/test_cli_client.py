@@ -146,16 +146,27 @@ def test_a_client_finds_the_url_given_then_the_environments_then_the_workdirs(tm
     assert client_url(None, tmp_path, default) == "http://[::1]:5"
 
 
-def test_a_url_that_is_some_other_web_server_is_said_so_not_its_page(tmp_path):
+@pytest.mark.parametrize(
+    ("status", "guess"),
+    [
+        (404, "is --url (or $ELASTICPS_URL) the manager's address?"),
+        (502, "a proxy in front of the manager, and the manager behind it down?"),
+    ],
+)
+def test_a_url_that_is_some_other_web_server_is_said_so_not_its_page(tmp_path, status, guess):
     """``--url`` at another HTTP server (its 404 page): one line saying what
     answered, not the page's HTML as if it were the manager's error."""
-    import functools
     import http.server
     import threading
 
-    (tmp_path / "site").mkdir()  # an empty site: every path is its 404 page
-    pages = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), pages)
+    class Pages(http.server.BaseHTTPRequestHandler):  # every path is an HTML error page of this status
+        def do_GET(self) -> None:
+            self.send_error(status)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pages)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
@@ -164,7 +175,5 @@ def test_a_url_that_is_some_other_web_server_is_said_so_not_its_page(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
-    assert str(err.value) == (
-        f"{url} answered GET /jobs with 404 and a web page, not an elasticps manager's JSON: "
-        "is --url (or $ELASTICPS_URL) the manager's address?"
-    )
+    said = f"{url} answered GET /jobs with {status} and a web page, not an elasticps manager's JSON: {guess}"
+    assert str(err.value) == said

@@ -85,7 +85,14 @@ def test_a_jobs_folders_are_its_owners_alone_under_a_clusters_umask_too(tmp_path
         CheckpointStore(tmp_path / "jobs.d" / "b" / "checkpoints")
     finally:
         os.umask(old)
+    from elasticps.private_dir import private_dir
+
+    (tmp_path / "open").mkdir(mode=0o755)
+    private_dir(tmp_path / "open" / "x" / ".." / "y")  # makes open/y alone, and leaves open as it was
+    assert oct((tmp_path / "open").stat().st_mode & 0o777) == "0o755"
+    assert sorted(p.name for p in (tmp_path / "open").iterdir()) == ["y"]
     made = [tmp_path / "jobs.d", *(tmp_path / "jobs.d" / n for n in ("a", "a/output", "b", "b/checkpoints"))]
+    made.append(tmp_path / "open" / "y")
     assert {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777) for p in made} == {
         str(p.relative_to(tmp_path)): "0o700" for p in made
     }

@@ -122,3 +122,36 @@ def test_a_watch_that_fails_is_said_once_and_listed_again_ever_less_often(caplog
         assert [r.levelno for r in said][:1] == [logging.WARNING] and len(said) >= 2, [r.getMessage() for r in said]
         assert all(r.levelno == logging.DEBUG for r in said[1:])
         assert 2 <= sum(e.startswith(f"{kind}: ") for e in cap.errors) <= 4, cap.errors
+
+
+def test_a_watch_refused_after_every_good_list_still_backs_off(caplog):
+    """``list`` allowed and ``watch`` refused (an RBAC role that grants only
+    ``list``): each list works, each watch fails at once. A good list alone is
+    no recovery: one warning, and pauses that double, not two lines a second."""
+    import logging
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    calls = []
+
+    def lister(**kw):
+        calls.append(time.monotonic())
+        if kw.get("watch"):
+            raise ApiException(status=403, reason="Forbidden")
+        return SimpleNamespace(data=b'{"items": [], "metadata": {"resourceVersion": "1"}}')
+
+    cap = KubeCapacity(client.ApiClient(client.Configuration()))
+    with caplog.at_level(logging.DEBUG, logger="elasticps.k8s"):
+        thread = threading.Thread(target=cap._run, args=("pods", lister), daemon=True)
+        thread.start()
+        time.sleep(4.5)  # watches refused at about 0, 1 and 3 s (every second: 5 of them)
+        cap._stop.set()
+        thread.join(5)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.getMessage().startswith("watching pods")]
+    assert [level for level, _ in said].count(logging.WARNING) == 1, said
+    assert said[0][1].startswith("watching pods failed (403 Forbidden)"), said
+    assert 2 <= len(calls) // 2 <= 3, len(calls)  # a list and a watch each time

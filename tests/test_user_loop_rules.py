@@ -415,7 +415,9 @@ def test_a_mean_loss_or_a_sum_divided_by_the_batch_trains(loss):
     assert torch.autograd.backward is original
 
 
-@pytest.mark.parametrize("call", ["loss.backward()", "torch.autograd.backward(loss)"])
+@pytest.mark.parametrize(
+    "call", ["loss.backward()", "torch.autograd.backward(loss)", "torch.autograd.backward([loss])"]
+)
 def test_every_steps_loss_is_noted_for_the_reports_however_backward_is_called(call):
     seen = []
 
@@ -423,7 +425,10 @@ def test_every_steps_loss_is_noted_for_the_reports_however_backward_is_called(ca
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         seen.append(loss.item())
-        loss.backward() if call == "loss.backward()" else torch.autograd.backward(loss)
+        if call == "loss.backward()":
+            loss.backward()
+        else:
+            torch.autograd.backward(loss if call == "torch.autograd.backward(loss)" else [loss])
         opt.step()
 
     steps = rules.CHECKED_STEPS + 2  # past the steps whose loss is checked

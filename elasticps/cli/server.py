@@ -91,6 +91,11 @@ def cmd_server(args: argparse.Namespace) -> int:
                            ("--kubeconfig", args.kubeconfig)) if v is not None]  # fmt: skip
     if kube and not args.kuberay:
         raise ConfigError(f"{', '.join(kube)} without --kuberay NAME: they say which RayCluster to grow")
+    kube_api = None
+    if args.kuberay:  # credentials read now: a kubeconfig not there is said before anything starts
+        from elasticps.k8s.deploy import api_client
+
+        kube_api = api_client(args.kubeconfig)
     _listen(args.host, args.port).close()  # bound for good below, after the restart that sets Ray's auth up
     check_address(args.ray_address)
     workdir = Path(args.workdir)
@@ -154,7 +159,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
         # the capacity object watches Nodes and Pods; it lives as long as this call
         manager.growth, _kube_capacity = kuberay_growth(
-            args.kuberay, args.kuberay_namespace, args.kuberay_group, args.kubeconfig, on_change=manager.wake.set
+            args.kuberay, args.kuberay_namespace, args.kuberay_group, on_change=manager.wake.set, api=kube_api
         )
     hosts = set(LOOPBACK_HOSTS) | set(args.allow_host or [])
     if args.host not in ("0.0.0.0", "::"):

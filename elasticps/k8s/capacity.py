@@ -135,8 +135,6 @@ class KubeCapacity:
                 if changed:
                     self._changed()
                 self._synced[kind].set()
-                if self._failing.pop(kind, 0):
-                    log.warning("watching %s again", kind)
                 w = watch.Watch()
                 for event in w.stream(
                     lister,
@@ -148,6 +146,8 @@ class KubeCapacity:
                         w.stop()
                         break
                     self._apply(store, event)
+                    self._recovered(kind)
+                self._recovered(kind)  # a watch that ran its time out: working again (a list alone is not)
             except ApiException as exc:
                 if exc.status != 410:  # 410 Gone: the watch expired; list again
                     self._error(kind, exc)
@@ -175,6 +175,11 @@ class KubeCapacity:
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
+
+    def _recovered(self, kind: str) -> None:
+        """The watch of ``kind`` delivered an event or ran its time out: a run of failures, if any, is over."""
+        if self._failing.pop(kind, 0):
+            log.warning("watching %s again", kind)
 
     def _error(self, kind: str, exc: Exception) -> None:
         """A failed list or watch: said once when a run of failures starts (the

@@ -199,14 +199,17 @@ class LossWatch:
     def see(self, tensors: Any) -> None:
         if self.thread != threading.get_ident():
             return
-        if self.note is not None and isinstance(tensors, torch.Tensor) and tensors.numel() == 1:
-            self.note(float(tensors.detach()))
+        losses = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+        if self.note is not None:
+            for loss in losses:
+                if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                    self.note(float(loss.detach()))
         if self.checks_left <= 0:
             return
         self.checks_left -= 1
         if self.checks_left <= 0 and self.note is None:
             self.stop()
-        for loss in [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ()):
+        for loss in losses:
             how = summed_over_batch(getattr(loss, "grad_fn", None))
             if how is not None:
                 raise ProgramError(

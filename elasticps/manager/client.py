@@ -67,9 +67,14 @@ class Client:
         kind = r.headers.get("content-type", "")
         is_json = kind.startswith("application/json")
         if kind.startswith("text/html"):  # the API answers JSON (its errors too) or, for /metrics, plain text
+            guess = (
+                "a proxy in front of the manager, and the manager behind it down?"
+                if r.status_code in (502, 503, 504)
+                else "is --url (or $ELASTICPS_URL) the manager's address?"
+            )
             raise ManagerError(
                 f"{self.http.base_url} answered {method} {path} with {r.status_code} and a web page, not an "
-                "elasticps manager's JSON: is --url (or $ELASTICPS_URL) the manager's address?",
+                f"elasticps manager's JSON: {guess}",
                 r.status_code,
             )
         if r.status_code >= 400:
