@@ -134,6 +134,34 @@ def test_an_evaluation_whose_ps_keeps_dying_fails_the_job_though_each_death_send
     job.shutdown()
 
 
+def test_a_ps_lost_while_a_rescale_to_fewer_shards_waits_is_restored_at_the_asked_count(
+    ray_local, tmp_path, monkeypatch
+):
+    # 2 PS x 1 worker; a rescale to 1 x 1 asked; a shard dies before the boundary that would switch
+    # it in: the restore starts the one shard asked, not two (on a cluster that lost the node of the
+    # dead shard there may be no room for two), and the job trains on as one process would.
+    program = digits.program(epochs=50)
+    job = make_job(2, 1, program, checkpoint_dir=str(tmp_path), checkpoint_every_steps=5)
+    job.run(max_steps=5)
+    started: list[tuple[str, int]] = []
+    launch = job._rescale.launch
+
+    def counted(shape, request_id, reason, strict):
+        started.append((reason, shape.num_ps))
+        return launch(shape, request_id, reason, strict)
+
+    monkeypatch.setattr(job._rescale, "launch", counted)
+    job.rescale(1, 1)
+    kill_before(monkeypatch, job._rescale, "at_boundary", lambda *args: job.ps[1].handle)
+    job.run(max_steps=3)
+    assert ("restore", 1) in started and ("restore", 2) not in started, started
+    assert any("1 PS shard(s) died" in e for e in job.report().events), job.report().events
+    assert (len(job.ps), len(job.workers)) == (1, 1) and job.report().state == "running"
+    ref = train_single_process(program, max_steps=job.step)
+    assert relative_error(job.parameters(), ref.params) < TOL
+    job.shutdown()
+
+
 def test_a_window_open_when_a_ps_dies_is_closed_before_the_job_goes_back(ray_local, tmp_path, monkeypatch):
     # A window holds steps run in a row at one shape. The PS dies before step 7, the job goes
     # back to step 5's checkpoint: the open window is told with steps 0-6, the redone steps

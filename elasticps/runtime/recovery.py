@@ -10,7 +10,8 @@ What a failed step may have left, and what restores it:
   applied the step): the shards disagree on the step, so every shard is
   restored from the newest checkpoint, and with it the step, the data
   position and a user loop's state;
-- a PS shard died: the same restore, onto new shards;
+- a PS shard died: the same restore, onto new shards (as many as there
+  were, or fewer where a rescale to fewer was asked and not applied yet);
 - no task died: the program's own code failed (:class:`UserCodeError`);
 - a task did not answer within ``step_timeout_s``, or another task's own
   wait on it ran out (the error names it): it is stopped (taken for hung),
@@ -368,7 +369,9 @@ class Recovery:
             if ckpt is None:
                 raise JobFailedError(f"{why} before the first checkpoint")
         group = self.group
-        num_ps = len(group.ps)
+        # every shard is started again: where a rescale to fewer asked and was not applied yet, start those
+        # (on a cluster that lost a node, the room for as many as there were may be gone)
+        num_ps = min(len(group.ps), max(1, self.requests.target.num_ps))
         group.remove(list(group.ps))
         placement = {k: v for k, v in self.requests.target.placement.items() if k.startswith("ps-")}
         pending = self.rescaler.launch(
