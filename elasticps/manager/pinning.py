@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from elasticps.manager.spec import RuntimeEnvSpec
+from elasticps.private_dir import private_dir
 
 log = logging.getLogger("elasticps.manager")
 
@@ -55,7 +56,7 @@ def pin(env: RuntimeEnvSpec, folder: Path) -> tuple[RuntimeEnvSpec, list[str]]:
 def _package(folder: Path, directory: str, include_parent_dir: bool, excludes: list[str]) -> str:
     from ray._private.runtime_env.packaging import create_package, get_uri_for_package
 
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dir(folder)
     tmp = folder / f".tmp-{os.getpid()}-{threading.get_ident()}.zip"
     try:
         create_package(directory, tmp, include_gitignore=True, include_parent_dir=include_parent_dir,

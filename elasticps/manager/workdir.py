@@ -149,11 +149,16 @@ def secret_file(workdir: str | Path, name: str) -> str:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return read_secret(path)
+    _write_secret(fd, secrets.token_hex(32))
+    return read_secret(path)
+
+
+def _write_secret(fd: int, value: str) -> None:
+    """``value`` and a newline into the file open as ``fd`` (made 0600 by its caller), on disk before it returns."""
     with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32) + "\n")
+        f.write(value + "\n")
         f.flush()
         os.fsync(f.fileno())
-    return read_secret(path)
 
 
 def read_secret(path: str | Path) -> str:
@@ -194,11 +199,7 @@ def write_token(workdir: str | Path, token: str) -> None:
             return
     tmp = path.with_name(f".{TOKEN_FILE}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        _write_secret(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), token)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
