@@ -96,6 +96,10 @@ class JobConfig:
             process and its model's memory for the job's whole life, and its
             start's CPU, paid once while the job's first steps run. CPU workers
             of a program's own steps only (not a user's own loop, not GPUs).
+        import_at_idle: a new task's process imports torch and the runtime at
+            idle CPU priority (:mod:`elasticps.idle_start`), so that the tasks
+            it starts beside keep their speed while the job grows; its start
+            takes longer where the cores are busy. False: at normal priority.
         ps_resources / worker_resources: what each task asks of Ray.
         ps_threads / worker_threads: torch intra-op threads per task.
     """
@@ -113,6 +117,7 @@ class JobConfig:
     gns_every_steps: int = 10
     shared_memory: bool = True
     share_dataset: bool = True
+    import_at_idle: bool = True
     ps_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
     worker_resources: TaskResources = field(default_factory=lambda: TaskResources(cpu=1.0))
     ps_threads: int = 1

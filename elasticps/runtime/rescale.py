@@ -232,6 +232,7 @@ class Rescaler:
             dataset=self.dataset_ref,
             name=name,
             wait_s=self.config.step_timeout_s,
+            import_at_idle=self.config.import_at_idle,
         )
 
     def _swap_late_standbys(self, pending: PendingChange) -> bool:

@@ -12,6 +12,7 @@ import ray
 from ray.util import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from elasticps import idle_start
 from elasticps.errors import PlacementError
 from elasticps.program import TrainingProgram
 from elasticps.runtime import output
@@ -24,12 +25,21 @@ from elasticps.runtime.worker import Worker
 Kind = Literal["ps", "worker"]
 
 _ACTOR_CLASSES: dict[str, Any] = {}
+_ACTOR_MODULES = {
+    "loop": "elasticps.runtime.loop_worker",
+    "ps": "elasticps.runtime.ps",
+    "worker": "elasticps.runtime.worker",
+}
+
+
+def _actor_key(kind: Kind, program: Any) -> str:
+    return "loop" if kind == "worker" and not isinstance(program, TrainingProgram) else kind
 
 
 def _actor_class(kind: Kind, program: Any) -> Any:
     """The PS shard, the worker, or (a user's own loop) the loop worker, a threaded actor."""
-    loop = kind == "worker" and not isinstance(program, TrainingProgram)
-    key = "loop" if loop else kind
+    key = _actor_key(kind, program)
+    loop = key == "loop"
     if key not in _ACTOR_CLASSES:
         if loop:
             from elasticps.runtime.loop_worker import MAX_CONCURRENCY, LoopWorker
@@ -75,6 +85,10 @@ def _with_output(cls: type) -> type:
 
         def flush_output(self) -> None:
             flush_now()
+
+        def start_record(self) -> dict[str, Any] | None:
+            """How its process imported its modules (:mod:`elasticps.idle_start`; None: as usual)."""
+            return idle_start.record
 
     Teed.__name__ = Teed.__qualname__ = cls.__name__
     return Teed
@@ -144,12 +158,20 @@ def launch(
     dataset: Any = None,
     name: str | None = None,
     wait_s: float = DEFAULT_STEP_TIMEOUT_S,
+    import_at_idle: bool = True,
 ) -> PendingTask:
     """Start an actor (pinned to ``node_id`` with hard affinity if given); do not wait.
     ``dataset``: a worker's training set (an object ref, see :func:`share_dataset`;
     None: the worker builds it). ``name`` (``worker-1``) tags its output in its job's log.
-    ``wait_s``: how long the task waits for another's part of a step (the job's ``step_timeout_s``)."""
+    ``wait_s``: how long the task waits for another's part of a step (the job's ``step_timeout_s``).
+    ``import_at_idle``: its process imports torch and the runtime at idle CPU
+    priority (:mod:`elasticps.idle_start`)."""
     options: dict[str, Any] = {"max_restarts": 0, **resources.ray_options()}
+    if import_at_idle:
+        modules = ["torch", _ACTOR_MODULES[_actor_key(kind, program)]]
+        env = idle_start.runtime_env(modules, dict(ray.get_runtime_context().runtime_env))
+        if env is not None:
+            options["runtime_env"] = env
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     args: tuple[Any, ...] = (program, threads, shared_memory, resources.cpu_limit)
