@@ -26,6 +26,7 @@ from elasticps.runtime import (
     CheckpointStore,
     EpochReport,
     JobController,
+    TaskResources,
     WindowReport,
     recovery,
     relative_error,
@@ -38,7 +39,7 @@ from elasticps.runtime.bounded_get import waited_on
 from elasticps.runtime.recovery import MAX_READ_TRIES, MAX_START_FAILURES, MAX_STEP_TIMEOUTS
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.task_group import TaskGroup
-from tests.helpers import SMALL_TASKS, kill_before, kill_task, make_config, make_job, run_until_applied
+from tests.helpers import SMALL_TASKS, kill_before, kill_task, make_config, make_job, run_until_applied, wait_for
 
 TOL = 1e-5
 SMALL = SMALL_TASKS["ps_resources"]
@@ -160,6 +161,41 @@ def test_a_ps_lost_while_a_rescale_to_fewer_shards_waits_is_restored_at_the_aske
     ref = train_single_process(program, max_steps=job.step)
     assert relative_error(job.parameters(), ref.params) < TOL
     job.shutdown()
+
+
+def test_a_ps_lost_where_its_room_was_taken_is_restored_at_as_many_shards_as_fit_now(ray_local, tmp_path):
+    # 2 PS (1 CPU each) x 1 worker; a shard dies and another tenant takes its room (as when a node
+    # is lost on a full cluster): the restore starts the one shard there is room for, at once, not
+    # two of which one waits out placement_timeout_s and fails the job; it trains on as one process would.
+    from ray.util import placement_group, remove_placement_group
+
+    program = digits.program(epochs=50)
+    job = make_job(
+        2,
+        1,
+        program,
+        checkpoint_dir=str(tmp_path),
+        checkpoint_every_steps=5,
+        placement_timeout_s=10.0,
+        ps_resources=TaskResources(cpu=1.0),
+    )
+    job.run(max_steps=5)
+    free_cpu = lambda: sum(per.get("CPU", 0.0) for per in tasks.free_now().values())  # noqa: E731
+    before = free_cpu()
+    kill_task(job.ps[1].handle)
+    wait_for(lambda: free_cpu() >= before + 1.0 - 1e-6, 30, "the dead shard's CPU to be free")
+    tenant = placement_group([{"CPU": free_cpu() - 0.5}])  # leaves 0.5 CPU: no room for a shard
+    try:
+        ray.get(tenant.ready(), timeout=30)
+        job.run(max_steps=3)
+        events = job.report().events
+        assert any("room for 1 of 2 shards now" in e for e in events), events
+        assert (len(job.ps), len(job.workers)) == (1, 1) and job.report().state == "running"
+        ref = train_single_process(program, max_steps=job.step)
+        assert relative_error(job.parameters(), ref.params) < TOL
+    finally:
+        job.shutdown()
+        remove_placement_group(tenant)
 
 
 def test_a_window_open_when_a_ps_dies_is_closed_before_the_job_goes_back(ray_local, tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elasticps.runtime.slots import fits_now, match_slots
+from elasticps.runtime.slots import fits_now, match_slots, room_for
 
 
 def test_a_slot_keeps_the_task_of_its_index_where_it_runs():
@@ -36,3 +36,11 @@ def test_fits_now_adds_up_tasks_per_node():
     assert not fits_now([("b", {"CPU": 1.0})], free)
     assert not fits_now([("c", {"CPU": 1.0})], free)  # a node not in the free list has nothing free
     assert fits_now([], free)
+
+
+def test_room_for_counts_whole_tasks_per_node_by_their_scarcest_resource():
+    free = {"a": {"CPU": 2.5, "GPU": 1.0}, "b": {"CPU": 0.99}, "c": {"CPU": 4.0, "GPU": 0.0}}
+    assert room_for({"CPU": 1.0}, free) == 2 + 0 + 4
+    assert room_for({"CPU": 1.0, "GPU": 1.0}, free) == 1  # only a has a GPU
+    assert room_for({"CPU": 0.5, "GPU": 0.0}, free) == 5 + 1 + 8  # a resource asked at 0 does not count
+    assert room_for({"CPU": 1.0}, {}) == 0

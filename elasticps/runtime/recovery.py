@@ -72,6 +72,7 @@ from elasticps.runtime.checkpoint import Checkpoint, Checkpoints
 from elasticps.runtime.membership import Shape, task_name
 from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
+from elasticps.runtime.slots import room_for
 
 MAX_READ_TRIES = 3  # a read of the shards between two steps fails the job after this many tries
 MAX_START_FAILURES = 3  # a job whose tasks die this often while it starts fails
@@ -369,10 +370,15 @@ class Recovery:
             if ckpt is None:
                 raise JobFailedError(f"{why} before the first checkpoint")
         group = self.group
-        # every shard is started again: where a rescale to fewer asked and was not applied yet, start those
-        # (on a cluster that lost a node, the room for as many as there were may be gone)
-        num_ps = min(len(group.ps), max(1, self.requests.target.num_ps))
+        # every shard is started again: where a rescale to fewer asked and was not applied yet, start those;
+        # and no more than there is room for now (a cluster that lost a node may have none for as many as
+        # there were: they would wait out placement_timeout_s and the job would fail)
+        wanted = min(len(group.ps), max(1, self.requests.target.num_ps))
+        room = self._ps_room(group.ps)
         group.remove(list(group.ps))
+        num_ps = max(1, min(wanted, room))
+        if num_ps < wanted:
+            why = f"{why}; room for {num_ps} of {wanted} shards now"
         placement = {k: v for k, v in self.requests.target.placement.items() if k.startswith("ps-")}
         pending = self.rescaler.launch(
             Shape(num_ps, len(group.workers), placement), self.requests.applied, "restore", strict=False
@@ -391,3 +397,16 @@ class Recovery:
         self._rewind(ckpt)
         group.install(shape, dict(enumerate(started)), {}, ckpt.state, ckpt.step)
         self._event(f"{why}; restored from checkpoint at step {ckpt.step} (lost {lost} steps)")
+
+    def _ps_room(self, old: list[tasks.Task]) -> int:
+        """How many PS shards fit on the alive nodes once those of ``old`` that
+        still run, about to be stopped, give back what they hold (Ray's view is
+        read before; a dead one's share is free in it already)."""
+        free = tasks.free_now()
+        need = self.config.ps_resources.as_ray_resources()
+        for t in old:
+            if t.node_id in free and tasks.is_alive(t.handle, self.config.liveness_timeout_s):
+                per = free[t.node_id]
+                for key, amount in need.items():
+                    per[key] = per.get(key, 0.0) + amount
+        return room_for(need, free)

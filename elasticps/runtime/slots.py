@@ -12,6 +12,7 @@ Pure functions: no Ray, no clock.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
 
 #: Slack when comparing resource amounts.
@@ -62,3 +63,11 @@ def fits_now(needs: Iterable[tuple[str, dict[str, float]]], free: dict[str, dict
     return all(
         amount <= free.get(node, {}).get(key, 0.0) + EPS for node, per in total.items() for key, amount in per.items()
     )
+
+
+def room_for(need: dict[str, float], free: dict[str, dict[str, float]]) -> int:
+    """How many tasks needing ``need`` each fit in ``free`` (per node) now."""
+    asked = {key: amount for key, amount in need.items() if amount > 0}
+    if not asked:
+        return sys.maxsize  # needs nothing: any number fits
+    return sum(min(int((per.get(key, 0.0) + EPS) // amount) for key, amount in asked.items()) for per in free.values())
