@@ -434,6 +434,7 @@ def _fake_job(tmp_path, monkeypatch, ps: dict[str, list[float]], workers: list[s
     monkeypatch.setattr(tasks, "all_ready", lambda pending: True)
     monkeypatch.setattr(tasks, "to_task", lambda p: p.task)
     monkeypatch.setattr(tasks, "wait_ready", lambda pending, timeout_s, names: [p.task for p in pending])
+    monkeypatch.setattr(tasks, "free_now", lambda: {"n0": {"CPU": 64.0}})  # room for any restore
     t = {name: tasks.Task("ps", _Actor(name, params), "n", 0) for name, params in ps.items()}  # type: ignore[arg-type]
     t.update({name: tasks.Task("worker", _Actor(name), "n", 0) for name in workers})  # type: ignore[arg-type]
     t.update({name: tasks.Task("ps", _Actor(name), "n", 0) for name in restore_ps})  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elasticps.runtime.slots import fits_now, match_slots, room_for
+from elasticps.runtime.slots import fits_now, match_slots, shards_that_fit
 
 
 def test_a_slot_keeps_the_task_of_its_index_where_it_runs():
@@ -38,9 +38,13 @@ def test_fits_now_adds_up_tasks_per_node():
     assert fits_now([], free)
 
 
-def test_room_for_counts_whole_tasks_per_node_by_their_scarcest_resource():
+def test_shards_that_fit_count_in_order_pinned_ones_on_their_node_others_anywhere():
     free = {"a": {"CPU": 2.5, "GPU": 1.0}, "b": {"CPU": 0.99}, "c": {"CPU": 4.0, "GPU": 0.0}}
-    assert room_for({"CPU": 1.0}, free) == 2 + 0 + 4
-    assert room_for({"CPU": 1.0, "GPU": 1.0}, free) == 1  # only a has a GPU
-    assert room_for({"CPU": 0.5, "GPU": 0.0}, free) == 5 + 1 + 8  # a resource asked at 0 does not count
-    assert room_for({"CPU": 1.0}, {}) == 0
+    cpu = {"CPU": 1.0}
+    assert shards_that_fit(9, cpu, {}, free) == 6  # 2 on a, none on b, 4 on c
+    assert shards_that_fit(3, {"CPU": 1.0, "GPU": 1.0}, {}, free) == 1  # only a has a GPU
+    assert shards_that_fit(3, {"CPU": 0.5, "GPU": 0.0}, {}, free) == 3  # a resource asked at 0 does not count
+    assert shards_that_fit(3, cpu, {0: "b"}, free) == 0  # the first is pinned where it does not fit
+    assert shards_that_fit(3, cpu, {0: "a", 1: "a", 2: "a"}, free) == 2  # room elsewhere does not help
+    assert shards_that_fit(3, cpu, {1: "gone"}, free) == 3  # a pin to a node not alive: anywhere
+    assert shards_that_fit(2, cpu, {}, {}) == 0

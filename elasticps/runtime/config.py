@@ -96,10 +96,12 @@ class JobConfig:
             process and its model's memory for the job's whole life, and its
             start's CPU, paid once while the job's first steps run. CPU workers
             of a program's own steps only (not a user's own loop, not GPUs).
-        import_at_idle: a new task's process imports torch and the runtime at
-            idle CPU priority (:mod:`elasticps.idle_start`), so that the tasks
-            it starts beside keep their speed while the job grows; its start
-            takes longer where the cores are busy. False: at normal priority.
+        import_at_idle: a task started while the job trains (a grow's, a dead
+            worker's replacement, a standby; a PS shard or a program's worker)
+            imports torch and the runtime at idle CPU priority for up to half
+            of ``placement_timeout_s`` (:mod:`elasticps.idle_start`), so that
+            the tasks it starts beside keep their speed; its start takes longer
+            where the cores are busy. False: at normal priority.
         ps_resources / worker_resources: what each task asks of Ray.
         ps_threads / worker_threads: torch intra-op threads per task.
     """

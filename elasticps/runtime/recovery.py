@@ -72,12 +72,13 @@ from elasticps.runtime.checkpoint import Checkpoint, Checkpoints
 from elasticps.runtime.membership import Shape, task_name
 from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
-from elasticps.runtime.slots import room_for
+from elasticps.runtime.slots import shards_that_fit
 
 MAX_READ_TRIES = 3  # a read of the shards between two steps fails the job after this many tries
 MAX_START_FAILURES = 3  # a job whose tasks die this often while it starts fails
 MAX_STEP_TIMEOUTS = 3  # a step whose tasks are taken for hung this many times in a row fails the job
 MAX_STEP_FAILURES = 5  # a step that fails this many times in a row (tasks dead or hung) fails the job
+ROOM_SETTLE_S = 2.0  # how long a restore reads Ray's view again for the room a dead shard left
 
 T = TypeVar("T")
 
@@ -374,12 +375,12 @@ class Recovery:
         # and no more than there is room for now (a cluster that lost a node may have none for as many as
         # there were: they would wait out placement_timeout_s and the job would fail)
         wanted = min(len(group.ps), max(1, self.requests.target.num_ps))
-        room = self._ps_room(group.ps)
         group.remove(list(group.ps))
-        num_ps = max(1, min(wanted, room))
-        if num_ps < wanted:
-            why = f"{why}; room for {num_ps} of {wanted} shards now"
         placement = {k: v for k, v in self.requests.target.placement.items() if k.startswith("ps-")}
+        room = self._ps_room(wanted, placement)
+        num_ps = max(1, min(wanted, room))
+        if room < wanted:
+            why = f"{why}; room for {room} of {wanted} shards now, starting {num_ps}"
         pending = self.rescaler.launch(
             Shape(num_ps, len(group.workers), placement), self.requests.applied, "restore", strict=False
         )
@@ -398,15 +399,15 @@ class Recovery:
         group.install(shape, dict(enumerate(started)), {}, ckpt.state, ckpt.step)
         self._event(f"{why}; restored from checkpoint at step {ckpt.step} (lost {lost} steps)")
 
-    def _ps_room(self, old: list[tasks.Task]) -> int:
-        """How many PS shards fit on the alive nodes once those of ``old`` that
-        still run, about to be stopped, give back what they hold (Ray's view is
-        read before; a dead one's share is free in it already)."""
-        free = tasks.free_now()
+    def _ps_room(self, wanted: int, placement: dict[str, str]) -> int:
+        """How many of ``wanted`` PS shards (pinned by ``placement``) fit on the
+        alive nodes now. Ray's view frees a dead or just stopped task's share
+        some 100 ms later: read again for up to ``ROOM_SETTLE_S`` while short."""
         need = self.config.ps_resources.as_ray_resources()
-        for t in old:
-            if t.node_id in free and tasks.is_alive(t.handle, self.config.liveness_timeout_s):
-                per = free[t.node_id]
-                for key, amount in need.items():
-                    per[key] = per.get(key, 0.0) + amount
-        return room_for(need, free)
+        pins = {i: placement[task_name("ps", i)] for i in range(wanted) if task_name("ps", i) in placement}
+        deadline = time.monotonic() + ROOM_SETTLE_S
+        while True:
+            room = shards_that_fit(wanted, need, pins, tasks.free_now())
+            if room >= wanted or time.monotonic() >= deadline:
+                return room
+            time.sleep(0.05)

@@ -166,7 +166,9 @@ class Rescaler:
         if decision.reason is not None:
             try:
                 self._release_first(decision.shape, decision.request_id)
-                self.pending = self.launch(decision.shape, decision.request_id, decision.reason, strict=False)
+                self.pending = self.launch(
+                    decision.shape, decision.request_id, decision.reason, strict=False, while_training=True
+                )
             except PlacementError as exc:
                 self.fail_request(decision.request_id, decision.shape, str(exc), 0.0)
 
@@ -182,10 +184,13 @@ class Rescaler:
         return not not_ready
 
     # ------------------------------------------------------------ actions
-    def launch(self, shape: Shape, request_id: int, reason: str, strict: bool) -> PendingChange:
+    def launch(
+        self, shape: Shape, request_id: int, reason: str, strict: bool, while_training: bool = False
+    ) -> PendingChange:
         """Start the tasks that ``shape`` needs beyond the running ones it keeps
         (a running task on the node a slot wants fills it). ``strict``: a pin
-        to a gone node is an error, not a task Ray places anywhere."""
+        to a gone node is an error, not a task Ray places anywhere.
+        ``while_training``: the job trains on while they start (see :meth:`start_task`)."""
         nodes = tasks.alive_nodes() if shape.placement else {}
         new: dict[Kind, dict[int, tasks.PendingTask]] = {"ps": {}, "worker": {}}
         kept: dict[Kind, dict[int, tasks.Task]] = {"ps": {}, "worker": {}}
@@ -211,7 +216,9 @@ class Rescaler:
                         tasks.check_fits(task_name(kind, i), node, self._resources(kind), nodes)
                     pool = self.standby if kind == "worker" else None
                     taken = pool.take(node, self._resources(kind), claimed, suspect) if pool is not None else None
-                    new[kind][i] = taken or self.start_task(kind, self._resources(kind), node, task_name(kind, i))
+                    new[kind][i] = taken or self.start_task(
+                        kind, self._resources(kind), node, task_name(kind, i), while_training
+                    )
         except PlacementError:
             for p in [*new["ps"].values(), *new["worker"].values()]:
                 tasks.stop(p)
@@ -220,8 +227,15 @@ class Rescaler:
             request_id, shape, new["ps"], new["worker"], time.monotonic(), reason, kept["ps"], kept["worker"]
         )
 
-    def start_task(self, kind: Kind, resources: TaskResources, node: str | None, name: str) -> tasks.PendingTask:
-        """Start a fresh ``kind`` task asking Ray for ``resources`` (on ``node`` if given)."""
+    def start_task(
+        self, kind: Kind, resources: TaskResources, node: str | None, name: str, while_training: bool = False
+    ) -> tasks.PendingTask:
+        """Start a fresh ``kind`` task asking Ray for ``resources`` (on ``node`` if given).
+        ``while_training``: the job trains on while it starts, so its imports
+        run at idle priority (``JobConfig.import_at_idle``) for up to half of
+        ``placement_timeout_s``; a job's start or a restore, which wait for it,
+        start it as usual (and may take a process Ray started ahead)."""
+        idle = self.config.import_at_idle and while_training
         return tasks.launch(
             kind,
             self.program,
@@ -232,7 +246,7 @@ class Rescaler:
             dataset=self.dataset_ref,
             name=name,
             wait_s=self.config.step_timeout_s,
-            import_at_idle=self.config.import_at_idle,
+            idle_import_s=self.config.placement_timeout_s / 2 if idle else None,
         )
 
     def _swap_late_standbys(self, pending: PendingChange) -> bool:

@@ -12,7 +12,6 @@ Pure functions: no Ray, no clock.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Sequence
 
 #: Slack when comparing resource amounts.
@@ -65,9 +64,22 @@ def fits_now(needs: Iterable[tuple[str, dict[str, float]]], free: dict[str, dict
     )
 
 
-def room_for(need: dict[str, float], free: dict[str, dict[str, float]]) -> int:
-    """How many tasks needing ``need`` each fit in ``free`` (per node) now."""
-    asked = {key: amount for key, amount in need.items() if amount > 0}
-    if not asked:
-        return sys.maxsize  # needs nothing: any number fits
-    return sum(min(int((per.get(key, 0.0) + EPS) // amount) for key, amount in asked.items()) for per in free.values())
+def shards_that_fit(count: int, need: dict[str, float], pins: dict[int, str], free: dict[str, dict[str, float]]) -> int:
+    """How many of tasks ``0..count-1`` fit in ``free`` (per node) now, in
+    order, each needing ``need``: task i on its pinned node ``pins[i]`` if that
+    node is alive, else on the first node with room."""
+    left = {node: dict(per) for node, per in free.items()}
+
+    def take(node: str) -> bool:
+        per = left[node]
+        if any(amount > per.get(key, 0.0) + EPS for key, amount in need.items() if amount > 0):
+            return False
+        for key, amount in need.items():
+            per[key] = per.get(key, 0.0) - amount
+        return True
+
+    for i in range(count):
+        pin = pins.get(i)
+        if not (take(pin) if pin in left else any(take(node) for node in sorted(left))):
+            return i
+    return count

@@ -25,11 +25,7 @@ from elasticps.runtime.worker import Worker
 Kind = Literal["ps", "worker"]
 
 _ACTOR_CLASSES: dict[str, Any] = {}
-_ACTOR_MODULES = {
-    "loop": "elasticps.runtime.loop_worker",
-    "ps": "elasticps.runtime.ps",
-    "worker": "elasticps.runtime.worker",
-}
+_ACTOR_MODULES = {"ps": "elasticps.runtime.ps", "worker": "elasticps.runtime.worker"}  # what a task imports first
 
 
 def _actor_key(kind: Kind, program: Any) -> str:
@@ -158,18 +154,21 @@ def launch(
     dataset: Any = None,
     name: str | None = None,
     wait_s: float = DEFAULT_STEP_TIMEOUT_S,
-    import_at_idle: bool = True,
+    idle_import_s: float | None = None,
 ) -> PendingTask:
     """Start an actor (pinned to ``node_id`` with hard affinity if given); do not wait.
     ``dataset``: a worker's training set (an object ref, see :func:`share_dataset`;
     None: the worker builds it). ``name`` (``worker-1``) tags its output in its job's log.
     ``wait_s``: how long the task waits for another's part of a step (the job's ``step_timeout_s``).
-    ``import_at_idle``: its process imports torch and the runtime at idle CPU
-    priority (:mod:`elasticps.idle_start`)."""
+    ``idle_import_s``: its process imports torch and the runtime at idle CPU
+    priority for up to this long (:mod:`elasticps.idle_start`; a PS shard or a
+    program's worker: a user's loop may start Ray tasks, which would inherit
+    it); None: at normal priority."""
     options: dict[str, Any] = {"max_restarts": 0, **resources.ray_options()}
-    if import_at_idle:
-        modules = ["torch", _ACTOR_MODULES[_actor_key(kind, program)]]
-        env = idle_start.runtime_env(modules, dict(ray.get_runtime_context().runtime_env))
+    key = _actor_key(kind, program)
+    if idle_import_s is not None and key in _ACTOR_MODULES:
+        job_env = dict(ray.get_runtime_context().runtime_env)
+        env = idle_start.runtime_env(["torch", _ACTOR_MODULES[key]], job_env, int(resources.cpu), idle_import_s)
         if env is not None:
             options["runtime_env"] = env
     if node_id is not None:
