@@ -123,7 +123,8 @@ class JobLoop:
         if pending is not None:
             taken += sum(p.reservation is not None for p in pending.new_workers.values())
         idle = TaskResources(cpu=0.0, cpu_limit=self.config.worker_resources.cpu_limit)  # nothing Ray counts
-        n = self._standby.fill(lambda: self._rescale.start_task("worker", idle, None, "standby", True), taken)
+        start = self._rescale.start_task
+        n = self._standby.fill(lambda: start("worker", idle, None, "standby", while_training=True), taken)
         if n:
             self._event(f"starting {n} standby worker(s)")
 

@@ -11,7 +11,8 @@ What a failed step may have left, and what restores it:
   restored from the newest checkpoint, and with it the step, the data
   position and a user loop's state;
 - a PS shard died: the same restore, onto new shards (as many as there
-  were, or fewer where a rescale to fewer was asked and not applied yet);
+  were, or fewer where a rescale to fewer was asked and not applied yet,
+  or where the alive nodes have room for fewer now);
 - no task died: the program's own code failed (:class:`UserCodeError`);
 - a task did not answer within ``step_timeout_s``, or another task's own
   wait on it ran out (the error names it): it is stopped (taken for hung),

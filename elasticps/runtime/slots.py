@@ -68,18 +68,12 @@ def shards_that_fit(count: int, need: dict[str, float], pins: dict[int, str], fr
     """How many of tasks ``0..count-1`` fit in ``free`` (per node) now, in
     order, each needing ``need``: task i on its pinned node ``pins[i]`` if that
     node is alive, else on the first node with room."""
-    left = {node: dict(per) for node, per in free.items()}
-
-    def take(node: str) -> bool:
-        per = left[node]
-        if any(amount > per.get(key, 0.0) + EPS for key, amount in need.items() if amount > 0):
-            return False
-        for key, amount in need.items():
-            per[key] = per.get(key, 0.0) - amount
-        return True
-
+    placed: list[tuple[str, dict[str, float]]] = []
     for i in range(count):
         pin = pins.get(i)
-        if not (take(pin) if pin in left else any(take(node) for node in sorted(left))):
+        nodes = [pin] if pin in free else sorted(free)
+        node = next((n for n in nodes if fits_now([*placed, (n, need)], free)), None)
+        if node is None:
             return i
+        placed.append((node, need))
     return count
