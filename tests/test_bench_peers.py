@@ -186,7 +186,7 @@ def quick_run():
         repeats=1,
         steps=3,
         three_nodes=False,
-        resize_systems=("elasticps", "elasticps_standby", "torchrun"),
+        resize_systems=("elasticps", "elasticps_standby", "elasticps_import_now", "torchrun"),
         resize_hold_s=2.0,
         resize_repeats=1,
         limit_repeats=0,
@@ -223,7 +223,9 @@ def test_every_system_trains_the_same_job_and_the_json_has_the_published_layout(
     figures = out["goal_figures"]["embedding"]["2"]
     assert figures["elasticps_worker_peak_mib"] == out["memory"]["embedding"]["2"]["elasticps"]["worker_peak_mib"]
     assert out["goals"]["embedding_elasticps>ddp_at_every_W"] == (figures["elasticps"] > figures["ddp_gloo"])
-    assert set(out["resize"]) == {"elasticps", "elasticps_standby", "torchrun"}
+    assert set(out["resize"]) == {"elasticps", "elasticps_standby", "elasticps_import_now", "torchrun"}
+    assert "import_at_idle off" in out["resize"]["elasticps_import_now"]["how"]
+    assert "import_at_idle" not in out["resize"]["elasticps"]["how"]
     for system, cost in out["resize"].items():
         assert cost["samples_lost"] >= 0 and cost["seconds_to_full_speed"] > 0, (system, cost)
         assert cost["trained"], system
@@ -315,3 +317,18 @@ def test_bench_peers_command_passes_systems_and_table_rows_to_the_run(monkeypatc
         main(["bench", "peers", "--systems", "elasticps,ddp_gloo", "--embedding-rows", "3000000"])
     [config] = seen.value.args
     assert config.systems == ("elasticps", "ddp_gloo") and config.embedding_rows == 3_000_000
+    # the control with import_at_idle off runs when named, not by default
+    assert "elasticps_import_now" not in config.resize_systems
+    with pytest.raises(Seen) as seen:
+        main(["bench", "peers", "--workloads", "", "--resize-systems", "elasticps,elasticps_import_now"])
+    [config] = seen.value.args
+    assert config.resize_systems == ("elasticps", "elasticps_import_now") and config.workloads == ()
+
+
+def test_the_import_now_control_is_a_job_with_import_at_idle_off():
+    from elasticps.bench.peers import elasticps_ps
+
+    assert elasticps_ps._config(1).import_at_idle is True
+    assert elasticps_ps._config(1, import_at_idle=False).import_at_idle is False
+    with pytest.raises(ValueError, match="one control at a time"):
+        elasticps_ps.resize(None, (2, 4), 1.0, standby=2, import_at_idle=False)

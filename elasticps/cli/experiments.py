@@ -339,7 +339,9 @@ def add_parsers(sub: Any) -> None:
     bench.add_argument("--workers", help="peers: comma-separated worker counts (1,2,4)")
     bench.add_argument("--repeats", type=positive_int, default=None, help="peers: repeats of every measurement (3)")
     bench.add_argument(
-        "--resize-systems", help="peers: comma-separated (elasticps,elasticps_standby,ray_train,torchrun; '' for none)"
+        "--resize-systems",
+        help="peers: comma-separated (elasticps,elasticps_standby,ray_train,torchrun; also elasticps_import_now, "
+        "elasticps with import_at_idle off; '' for none)",
     )
     bench.add_argument(
         "--systems", help="peers: comma-separated throughput systems (elasticps,elasticps_dense,ddp_gloo,plain_ps)"

@@ -25,9 +25,10 @@ from elasticps.runtime import JobConfig, JobController, TaskResources
 from elasticps.runtime.reports import WindowReport
 
 
-def _config(threads: int, standby: int = 0) -> JobConfig:
+def _config(threads: int, standby: int = 0, import_at_idle: bool = True) -> JobConfig:
     return JobConfig(
         standby_workers=standby,
+        import_at_idle=import_at_idle,
         report_interval_s=1e-6,  # a window per step: every step's loss and times
         ps_resources=TaskResources(cpu=1.0),
         worker_resources=TaskResources(cpu=1.0),
@@ -88,22 +89,29 @@ def resize(
     threads: int = 1,
     say: Callable[[str], None] = lambda _: None,
     standby: int = 0,
+    import_at_idle: bool = True,
 ) -> Timeline:
     """Train 1 x ``sizes[0]`` for ``hold_s``; then rescale live to each later size
     in turn, training ``hold_s`` after each switch. ``standby``: the job's
     standby workers (``elasticps_standby``), started and waited for before
-    the first timed step; their start is kept in ``before_window``."""
-    name = "elasticps_standby" if standby else "elasticps"
+    the first timed step; their start is kept in ``before_window``.
+    ``import_at_idle`` off (``elasticps_import_now``): new workers import at
+    normal priority (``JobConfig.import_at_idle``), the control for that rule."""
+    if standby and not import_at_idle:
+        raise ValueError("standby and import_at_idle=False: one control at a time")
+    name = "elasticps_standby" if standby else "elasticps" if import_at_idle else "elasticps_import_now"
     how = "live rescale (JobController.rescale): new workers start while it trains"
     if standby:
         how = f"live rescale taking {standby} standby workers started before the timed window"
+    elif not import_at_idle:
+        how += ", importing at normal priority (import_at_idle off)"
     timeline = Timeline(name, how=how)
 
     def on_window(w: WindowReport) -> None:
         timeline.add(time.monotonic(), w.samples, w.num_workers, w.loss)
 
     program = workload.program()
-    job = JobController(program, _config(threads, standby), 1, sizes[0], on_window=on_window)
+    job = JobController(program, _config(threads, standby, import_at_idle), 1, sizes[0], on_window=on_window)
     job.start()
     if standby:
         timeline.before_window = _standbys_started(job, standby)

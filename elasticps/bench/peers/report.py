@@ -5,7 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-SYSTEM_ORDER = ("elasticps", "elasticps_dense", "elasticps_standby", "ddp_gloo", "plain_ps", "ray_train", "torchrun")
+SYSTEM_ORDER = (
+    "elasticps",
+    "elasticps_dense",
+    "elasticps_standby",
+    "elasticps_import_now",
+    "ddp_gloo",
+    "plain_ps",
+    "ray_train",
+    "torchrun",
+)
 
 
 def table(out: dict[str, Any]) -> str:

@@ -33,7 +33,10 @@ from elasticps.bench.peers.resize import Timeline, summarize
 from elasticps.bench.peers.workloads import EMBEDDING_ROWS, NAMES, Workload
 
 THROUGHPUT_SYSTEMS = ("elasticps", "elasticps_dense", "ddp_gloo", "plain_ps")
-RESIZE_SYSTEMS = ("elasticps", "elasticps_standby", "ray_train", "torchrun")
+#: What a resize run may measure; ``elasticps_import_now`` is elasticps with
+#: ``JobConfig.import_at_idle`` off (a control, not run by default).
+RESIZE_SYSTEMS = ("elasticps", "elasticps_standby", "elasticps_import_now", "ray_train", "torchrun")
+DEFAULT_RESIZE_SYSTEMS = ("elasticps", "elasticps_standby", "ray_train", "torchrun")
 STANDBY_WORKERS = 2  # elasticps_standby: the grow's two new workers, started before the timed window
 HEAD_CPUS = 8
 NODE_CPUS = 4
@@ -53,7 +56,7 @@ class PeersConfig:
     resize_sizes: tuple[int, ...] = (2, 4, 2)
     resize_hold_s: float = 20.0
     resize_repeats: int = 3
-    resize_systems: tuple[str, ...] = RESIZE_SYSTEMS
+    resize_systems: tuple[str, ...] = DEFAULT_RESIZE_SYSTEMS
     limit_repeats: int = 10  # 0: no push+pull measurement
     small: bool = False  # the workloads' small versions (tests)
     #: the throughput runs' systems; a table too large to replicate cheaply leaves out
@@ -289,6 +292,8 @@ def resize_runs(config: PeersConfig, cluster: Any, say: Callable[[str], None]) -
                 tl = elasticps_ps.resize(*args)
             elif system == "elasticps_standby":
                 tl = elasticps_ps.resize(*args, standby=STANDBY_WORKERS)
+            elif system == "elasticps_import_now":
+                tl = elasticps_ps.resize(*args, import_at_idle=False)
             elif system == "torchrun":
                 tl = torchrun.resize(*args)
             else:
