@@ -30,7 +30,8 @@ from elasticps.runtime.membership import (
     wanted,
 )
 from elasticps.runtime.progress import Progress
-from elasticps.runtime.recovery import MAX_STEP_TIMEOUTS, Recovery, RecoveryPlan, plan_recovery
+from elasticps.runtime.recovery import MAX_STEP_TIMEOUTS, Recovery
+from elasticps.runtime.recovery_plan import RecoveryPlan, plan_recovery
 from elasticps.runtime.reports import RescaleRecord
 from elasticps.runtime.rescale import MAX_SWITCH_FAILURES, JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState

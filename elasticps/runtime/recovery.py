@@ -1,4 +1,5 @@
-"""After a failed step: what to do (:func:`plan_recovery`) and doing it (:class:`Recovery`).
+"""After a failed step: doing what :func:`~elasticps.runtime.recovery_plan.plan_recovery`
+says to (:class:`Recovery`).
 
 What a failed step may have left, and what restores it:
 
@@ -61,8 +62,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import ray
 
@@ -71,6 +71,7 @@ from elasticps.runtime import tasks
 from elasticps.runtime.bounded_get import hung_in, waited_on
 from elasticps.runtime.checkpoint import Checkpoint, Checkpoints
 from elasticps.runtime.membership import Shape, task_name
+from elasticps.runtime.recovery_plan import plan_recovery
 from elasticps.runtime.rescale import JobHooks, Rescaler, SwitchFailed
 from elasticps.runtime.shard_state import ShardState
 from elasticps.runtime.slots import shards_that_fit
@@ -82,44 +83,6 @@ MAX_STEP_FAILURES = 5  # a step that fails this many times in a row (tasks dead 
 ROOM_SETTLE_S = 2.0  # how long a restore reads Ray's view again for the room a dead shard left
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class RecoveryPlan:
-    """``restore``: ``torn`` (shards disagree, none died) or ``lost`` (a shard
-    died): restore the PS, ``from_state`` (the whole state gathered at this
-    step: nothing lost) or else from the newest checkpoint. ``user_code``: no
-    task died. ``no_workers``: every worker died, then ``replace`` them or fail."""
-
-    restore: Literal["torn", "lost"] | None
-    user_code: bool
-    no_workers: bool
-    replace: bool
-    from_state: bool = False
-
-
-def plan_recovery(
-    dead_ps: int,
-    dead_workers: int,
-    workers: int,
-    ps_inconsistent: bool,
-    replace_dead_workers: bool,
-    dead_starting: int = 0,
-    have_state: bool = False,
-) -> RecoveryPlan:
-    """What to do after a failed step or switch with ``dead_ps`` PS and
-    ``dead_workers`` of ``workers`` workers dead, and ``dead_starting`` of the
-    new tasks of a shape change that was switched in. ``have_state``: the
-    shards' whole state was gathered at this step before the failure."""
-    restore: Literal["torn", "lost"] | None = None
-    if dead_ps:
-        restore = "lost"
-    elif ps_inconsistent and (dead_workers or dead_starting):
-        restore = "torn"
-    no_workers = dead_workers == workers
-    user_code = not dead_ps and not dead_workers and not dead_starting
-    replace = no_workers and replace_dead_workers
-    return RecoveryPlan(restore, user_code, no_workers, replace, from_state=restore is not None and have_state)
 
 
 class Recovery:
