@@ -325,10 +325,26 @@ def test_bench_peers_command_passes_systems_and_table_rows_to_the_run(monkeypatc
     assert config.resize_systems == ("elasticps", "elasticps_import_now") and config.workloads == ()
 
 
-def test_the_import_now_control_is_a_job_with_import_at_idle_off():
+def test_the_import_now_control_is_a_job_with_import_at_idle_off(monkeypatch):
     from elasticps.bench.peers import elasticps_ps
 
-    assert elasticps_ps._config(1).import_at_idle is True
-    assert elasticps_ps._config(1, import_at_idle=False).import_at_idle is False
+    class Started(Exception):
+        pass
+
+    def job(program, config, *args, **kwargs):  # what the run would start, recorded before anything starts
+        raise Started(config)
+
+    class Workload:
+        def program(self):
+            return None
+
+    monkeypatch.setattr(elasticps_ps, "JobController", job)
+    seen = {}
+    for idle in (True, False):
+        with pytest.raises(Started) as started:
+            elasticps_ps.resize(Workload(), (2, 4), 1.0, import_at_idle=idle)
+        [config] = started.value.args
+        seen[idle] = config.import_at_idle
+    assert seen == {True: True, False: False}
     with pytest.raises(ValueError, match="one control at a time"):
-        elasticps_ps.resize(None, (2, 4), 1.0, standby=2, import_at_idle=False)
+        elasticps_ps.resize(Workload(), (2, 4), 1.0, standby=2, import_at_idle=False)

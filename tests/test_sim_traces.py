@@ -68,9 +68,33 @@ def test_the_mean_interarrival_holds_and_arrivals_come_in_bursts(jobs):
 def test_durations_are_heavy_tailed_as_the_lognormal_says(jobs):
     durations = sorted(_duration_s(j) for j in jobs)
     p50, p99 = durations[N // 2], durations[int(0.99 * N)]
-    assert p50 == pytest.approx(1800.0, rel=0.08)
-    assert p99 / p50 == pytest.approx(math.exp(2.326 * 1.6), rel=0.2)  # 41
-    assert statistics.fmean(durations) > 3 * p50  # the mean is carried by the tail
+    assert p50 == pytest.approx(1200.0, rel=0.08)
+    assert p99 / p50 == pytest.approx(math.exp(2.326 * 2.2), rel=0.25)  # 167
+    assert statistics.fmean(durations) > 5 * p50  # the mean is carried by the tail
+    narrow = sorted(_duration_s(j) for j in trace_workload(N, seed=3, median_duration_s=1800.0, duration_sigma=1.6))
+    assert narrow[int(0.99 * N)] / narrow[N // 2] == pytest.approx(math.exp(2.326 * 1.6), rel=0.2)  # 41
+
+
+#: Figures of released production traces the defaults are set from (docs/simulator.md,
+#: "Trace-shaped workloads"): Philly's run times (s) as the PAI authors released them, read by
+#: sampling the sorted file; Helios' GPU jobs' GPUs asked, from its released cluster summary.
+PHILLY_RUN_TIME_S = {"p10": 60.0, "p50": 1180.0, "p90": 12_800.0, "p99": 2.6e5}
+HELIOS_GPUS = {"mean": 3.716, "median": 1}
+
+
+def test_the_defaults_follow_the_released_traces_where_they_give_a_figure(jobs):
+    durations = sorted(_duration_s(j) for j in jobs)
+    at = {q: durations[int(int(q[1:]) / 100 * N)] for q in PHILLY_RUN_TIME_S}
+    # the median within 10%; no log-normal meets all four quantiles: each within a factor of 1.7
+    assert at["p50"] == pytest.approx(PHILLY_RUN_TIME_S["p50"], rel=0.1), at
+    for q, published in PHILLY_RUN_TIME_S.items():
+        assert 1 / 1.7 < at[q] / published < 1.7, (q, at[q], published)
+    # the mix itself, then what the generator draws from it
+    assert sum(g * share for g, share in GPU_SIZE_MIX.items()) == pytest.approx(HELIOS_GPUS["mean"], rel=0.015)
+    assert GPU_SIZE_MIX[HELIOS_GPUS["median"]] > 0.5  # more than half ask one GPU: the median is 1
+    gpus = [j.static_workers for j in jobs]
+    assert statistics.fmean(gpus) == pytest.approx(HELIOS_GPUS["mean"], rel=0.05)
+    assert statistics.median(gpus) == HELIOS_GPUS["median"]
 
 
 def test_sizes_follow_the_mix_and_map_to_workers_and_ps(jobs):

@@ -1,7 +1,8 @@
 """What to do after a failed step or switch, from what died
 (:func:`plan_recovery`): pure, so that every case is tested without Ray.
-:class:`~elasticps.runtime.recovery.Recovery` carries the plan out (its
-opening comment lists the cases and what restores each)."""
+:class:`~elasticps.runtime.recovery.Recovery` carries the plan out
+(:mod:`elasticps.runtime.recovery`'s opening comment lists the cases and what
+restores each)."""
 
 from __future__ import annotations
 
