@@ -120,6 +120,16 @@ def test_bad_parameters_are_refused():
         trace_workload(10, size_mix={0: 1.0})
     with pytest.raises(ConfigError, match="peak_to_trough"):
         trace_workload(10, peak_to_trough=0.5)
+    with pytest.raises(ConfigError, match="max_duration_s"):
+        trace_workload(10, max_duration_s=1000.0)
+
+
+def test_no_job_runs_longer_than_the_longest_the_trace_ran():
+    # seed 3's 300 jobs drew two of 8e6 and 2.4e7 s from the log-normal; each is drawn again
+    for seed in range(8):
+        assert max(_duration_s(j) for j in trace_workload(300, seed=seed)) <= 4.6e6 * (1 + 1e-9), seed
+    capped = sorted(_duration_s(j) for j in trace_workload(N, seed=3, max_duration_s=50_000.0))
+    assert capped[-1] <= 50_000.0 * (1 + 1e-9) and capped[int(0.95 * N)] > 20_000.0  # the rest of the tail is kept
 
 
 def test_the_sample_trace_loads_as_documented():

@@ -22,9 +22,12 @@ their paths and what was read from them):
   released beside their trace (median ~1180 s, p90 ~12,800 s, p99 ~2.6e5 s,
   p10 ~60 s; a sigma fitted to those quantiles in log space, 2.2 to 2.3: no
   log-normal meets them all: this one puts p10 at 72 s, p90 at 20,100 s
-  and p99 at 2.0e5 s). The mean is exp(sigma^2 / 2) = 11x the median. Helios' GPU jobs
-  (median 206 s, mean 6652 s: Helios' released cluster summary) have a
-  shorter median and a heavier tail still.
+  and p99 at 2.0e5 s). The mean is exp(sigma^2 / 2) = 11x the median. A
+  draw longer than ``max_duration_s`` = 4.6e6 s, the longest run in that file
+  (53 days), is drawn again: the log-normal's tail reaches past anything the
+  trace ran, and one such job would alone decide a run's averages. Helios'
+  GPU jobs (median 206 s, mean 6652 s: Helios' released cluster summary) have
+  a shorter median and a heavier tail still.
 - sizes (GPUs asked): :data:`GPU_SIZE_MIX`, whose mean (3.75 GPUs) and median
   (1: more than half the jobs ask one) are those of Helios' GPU jobs (3.716
   and 1, the same summary); the split among 2, 4, 8 and 16 GPUs is an
@@ -94,18 +97,21 @@ def trace_workload(
     mean_batch: float = 2.0,
     median_duration_s: float = 1200.0,
     duration_sigma: float = 2.2,
+    max_duration_s: float = 4.6e6,
     size_mix: dict[int, float] | None = None,
     gpu_share: float = 0.0,
 ) -> list[WorkloadJob]:
     """``num_jobs`` jobs arriving ``mean_interarrival_s`` apart on average over the
     day (t = 0 is midnight), the rate following :func:`diurnal_rate`; each arrival
     brings a burst of ``mean_batch`` jobs on average (geometric), of one kind and
-    size. Durations log-normal (median, sigma); sizes from ``size_mix``
+    size. Durations log-normal (median, sigma), drawn again above ``max_duration_s``; sizes from ``size_mix``
     (:data:`GPU_SIZE_MIX` by default). ``gpu_share`` of the bursts are all-reduce
     GPU jobs. Where the defaults come from: see the module's docstring."""
     mix = GPU_SIZE_MIX if size_mix is None else size_mix
     if peak_to_trough < 1.0 or mean_batch < 1.0 or median_duration_s <= 0 or duration_sigma < 0:
         raise ConfigError("trace workload: peak_to_trough and mean_batch >= 1, median_duration_s > 0, sigma >= 0")
+    if max_duration_s <= median_duration_s:
+        raise ConfigError(f"trace workload: max_duration_s ({max_duration_s:g}) must be above the median duration")
     if not mix or any(g < 1 or share < 0 for g, share in mix.items()) or sum(mix.values()) <= 0:
         raise ConfigError(f"trace workload: size_mix must map GPUs >= 1 to shares >= 0, got {mix}")
     if not 0.0 <= gpu_share <= 1.0 or mean_interarrival_s <= 0:
@@ -127,9 +133,10 @@ def trace_workload(
         worker_cpu = rng.choice([2.0, 4.0])
         arrival = t
         for _ in range(min(burst, num_jobs - len(drawn))):
-            drawn.append(
-                (round(arrival, 3), kind, gpus, median_duration_s * rng.lognormvariate(0.0, duration_sigma), worker_cpu)
-            )
+            duration = math.inf
+            while duration > max_duration_s:
+                duration = median_duration_s * rng.lognormvariate(0.0, duration_sigma)
+            drawn.append((round(arrival, 3), kind, gpus, duration, worker_cpu))
             arrival += rng.expovariate(1.0 / BURST_GAP_S)
     drawn.sort(key=lambda d: d[0])  # a burst's tail may pass the next burst's start: numbered in arrival order
     return [_job(f"job-{i:05d}", *d) for i, d in enumerate(drawn)]
