@@ -142,8 +142,12 @@ def test_a_reason_with_a_traceback_is_one_line_of_the_status_table():
     failed = SimpleNamespace(name="brk", state="failed", allocation=None, progress=None, reason=reason)
     ok = SimpleNamespace(name="ok", state="pending", allocation=None, progress=None, reason=None)
     lines = _status_table([failed, ok]).splitlines()
-    assert len(lines) == 3 and lines[1].rstrip().endswith("job failed: UserCodeError: step 5 failed: ... KeyError: 'x'")
+    assert len(lines) == 4 and lines[1].rstrip().endswith("job failed: UserCodeError: step 5 failed: ... KeyError: 'x'")
+    assert lines[3] == "shortened here; whole: elasticps describe brk"  # the traceback's middle is left out
     failed.reason = "why " * 100
     row = _status_table([failed]).splitlines()[1].rstrip()
     cell = row[row.index("why") :]
     assert cell.endswith("...") and len(cell) == REASON_WIDTH
+    assert _status_table([failed]).splitlines()[-1] == "shortened here; whole: elasticps describe brk"
+    failed.reason = "waiting for room: a worker needs 4 CPU"  # whole in its cell: nothing to point at
+    assert "shortened" not in _status_table([failed, ok])

@@ -29,12 +29,12 @@ def _bar(done: float, total: float, width: int = 20) -> str:
     return "[" + "#" * round(frac * width) + "." * (width - round(frac * width)) + "]"
 
 
-#: Characters of a job's reason in the status table (describe shows it whole).
+#: Characters of a job's reason in the status table; a shortened one is named under it (describe shows it whole).
 REASON_WIDTH = 100
 
 
 def _status_table(jobs: list[Any]) -> str:
-    rows = []
+    rows, shortened = [], []
     for j in jobs:
         alloc, prog = j.allocation, j.progress
         rate, metric = (prog.samples_per_s, prog.metric) if prog else (None, None)
@@ -50,10 +50,15 @@ def _status_table(jobs: list[Any]) -> str:
                 one_line(j.reason or "", REASON_WIDTH),
             ]
         )
+        if rows[-1][-1] != (j.reason or "").strip():  # cut at the width, or a traceback's middle left out
+            shortened.append(j.name)
     headers = ["JOB", "STATE", "PSxW", "PROGRESS (EPOCHS)", "SAMPLES/S", "METRIC", "REASON"]
     if not any(j.reason for j in jobs):  # a REASON column when a job waits (or failed) for a reason
         headers, rows = headers[:-1], [r[:-1] for r in rows]
-    return format_table(rows, headers)
+    table = format_table(rows, headers)
+    if shortened:
+        table += "\nshortened here; whole: " + ", ".join(f"elasticps describe {name}" for name in shortened)
+    return table
 
 
 def _watch_status(client: Any, every_s: float, args: argparse.Namespace) -> int:
