@@ -33,10 +33,11 @@ from elasticps.bench.peers.resize import Timeline, summarize
 from elasticps.bench.peers.workloads import EMBEDDING_ROWS, NAMES, Workload
 
 THROUGHPUT_SYSTEMS = ("elasticps", "elasticps_dense", "ddp_gloo", "plain_ps")
-#: What a resize run may measure; ``elasticps_import_now`` is elasticps with
-#: ``JobConfig.import_at_idle`` off (a control, not run by default).
+#: What a resize run may measure; the controls run only when named: ``elasticps_import_now``
+#: is elasticps with ``JobConfig.import_at_idle`` off.
 RESIZE_SYSTEMS = ("elasticps", "elasticps_standby", "elasticps_import_now", "ray_train", "torchrun")
-DEFAULT_RESIZE_SYSTEMS = ("elasticps", "elasticps_standby", "ray_train", "torchrun")
+RESIZE_CONTROLS = ("elasticps_import_now",)
+DEFAULT_RESIZE_SYSTEMS = tuple(s for s in RESIZE_SYSTEMS if s not in RESIZE_CONTROLS)
 STANDBY_WORKERS = 2  # elasticps_standby: the grow's two new workers, started before the timed window
 HEAD_CPUS = 8
 NODE_CPUS = 4
